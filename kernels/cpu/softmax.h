@@ -1,0 +1,68 @@
+/* Online softmax and LSE merge, shared by every CPU op (float32 state, natural log). */
+#ifndef ATTND_CPU_SOFTMAX_H
+#define ATTND_CPU_SOFTMAX_H
+
+#include <math.h>
+#include <stdint.h>
+
+/* Running state of one query row: max logit m, sum of exp(s - m) l, unnormalised acc[d]. */
+typedef struct attnd_softmax {
+    float m;
+    float l;
+} attnd_softmax;
+
+static inline void attnd_softmax_init(attnd_softmax *s, float *acc, int64_t d)
+{
+    s->m = -INFINITY;
+    s->l = 0.0f;
+    for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
+}
+
+/* Fold one logit x (may be -inf: ignored) with its value row v (v_scale applied by caller via
+ * the weight) into the state. Returns the weight p = exp(x - m_new) that v is added with. */
+static inline float attnd_softmax_push(attnd_softmax *s, float *acc, int64_t d, float x)
+{
+    if (x == -INFINITY) return 0.0f;
+    if (x > s->m) {
+        float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - x);
+        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        s->l *= alpha;
+        s->m = x;
+    }
+    float p = expf(x - s->m);
+    s->l += p;
+    return p;
+}
+
+/* Log-sum-exp of the row (-inf when nothing was pushed). */
+static inline float attnd_softmax_lse(const attnd_softmax *s)
+{
+    return s->l > 0.0f ? s->m + logf(s->l) : -INFINITY;
+}
+
+/* Normalise acc into out-scale 1/l; a row with nothing pushed stays zero (never NaN). */
+static inline float attnd_softmax_inv_sum(const attnd_softmax *s)
+{
+    return s->l > 0.0f ? 1.0f / s->l : 0.0f;
+}
+
+/* Weights of two partial states given their LSEs (+inf read as -inf, both -inf -> 0, 0).
+ * Returns the merged LSE. */
+static inline float attnd_lse_merge_weights(float lse_a, float lse_b, float *wa, float *wb)
+{
+    if (lse_a == INFINITY) lse_a = -INFINITY;
+    if (lse_b == INFINITY) lse_b = -INFINITY;
+    float mx = lse_a > lse_b ? lse_a : lse_b;
+    if (mx == -INFINITY) {
+        *wa = 0.0f;
+        *wb = 0.0f;
+        return -INFINITY;
+    }
+    float ea = expf(lse_a - mx), eb = expf(lse_b - mx);
+    float sum = ea + eb;
+    *wa = ea / sum;
+    *wb = eb / sum;
+    return mx + logf(sum);
+}
+
+#endif
