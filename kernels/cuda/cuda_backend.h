@@ -1,0 +1,52 @@
+/* CUDA backend internals: backend state, error mapping, and one entry per op. */
+#ifndef ATTND_CUDA_BACKEND_H
+#define ATTND_CUDA_BACKEND_H
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+#include "attnd/kernels.h"
+
+typedef struct attnd_cuda {
+    int device;
+    cudaStream_t stream;
+    int num_sms;
+    int max_smem_optin; /* bytes of shared memory a block may opt into */
+} attnd_cuda;
+
+static inline attnd_cuda *attnd_cuda_of(attnd_backend *b)
+{
+    return (attnd_cuda *)b->impl;
+}
+
+/* Map a CUDA error to INTERNAL with a message naming what failed; OK for cudaSuccess. */
+static inline attnd_err attnd_cuda_check(attnd_backend *b, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return ATTND_ERR_OK;
+    snprintf(b->last_error, sizeof b->last_error, "%s: %s", what, cudaGetErrorString(e));
+    return ATTND_ERR_INTERNAL;
+}
+
+/* After a launch: report a bad configuration or an earlier asynchronous fault. */
+static inline attnd_err attnd_cuda_check_launch(attnd_backend *b, const char *kernel)
+{
+    return attnd_cuda_check(b, cudaGetLastError(), kernel);
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_params *p);
+attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_params *p,
+                              int32_t num_segments, void *workspace);
+attnd_err attnd_cuda_cache_write(attnd_backend *b, const attnd_cache_write_params *p);
+attnd_err attnd_cuda_merge_states(attnd_backend *b, const attnd_merge_params *p);
+attnd_err attnd_cuda_varlen(attnd_backend *b, const attnd_varlen_params *p);
+attnd_err attnd_cuda_blocksparse(attnd_backend *b, const attnd_blocksparse_params *p);
+attnd_err attnd_cuda_linear_prefill(attnd_backend *b, const attnd_linear_prefill_params *p);
+attnd_err attnd_cuda_linear_decode(attnd_backend *b, const attnd_linear_decode_params *p);
+#ifdef __cplusplus
+}
+#endif
+
+#endif
