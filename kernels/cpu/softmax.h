@@ -34,6 +34,44 @@ static inline float attnd_softmax_push(attnd_softmax *s, float *acc, int64_t d, 
     return p;
 }
 
+/* Merge a partial state (max m_b, exp-sum l_b, unnormalised acc_b) into s/acc, e.g. one split-KV
+ * segment into the row's total. An empty partial (m_b = -inf) changes nothing. */
+static inline void attnd_softmax_fold(attnd_softmax *s, float *acc, int64_t d, float m_b,
+                                      float l_b, const float *acc_b)
+{
+    if (m_b == -INFINITY) return;
+    if (m_b > s->m) {
+        float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - m_b);
+        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        s->l *= alpha;
+        s->m = m_b;
+    }
+    float beta = expf(m_b - s->m);
+    s->l += beta * l_b;
+    for (int64_t i = 0; i < d; i++) acc[i] += beta * acc_b[i];
+}
+
+/* Fold a block of n logits x (masked entries -inf) into the state at once, as one FA2 tile does:
+ * at most one rescale of acc per block. On return x[j] is the weight p_j = exp(x_j - m) (0 where
+ * masked) that value row j must be added to acc with; l already includes every p_j. */
+static inline void attnd_softmax_push_block(attnd_softmax *s, float *acc, int64_t d, float *x,
+                                            int64_t n)
+{
+    float bm = -INFINITY;
+    for (int64_t j = 0; j < n; j++) bm = x[j] > bm ? x[j] : bm;
+    if (bm > s->m) {
+        float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - bm);
+        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        s->l *= alpha;
+        s->m = bm;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        /* test the logit, not m: -inf - -inf would be NaN when everything so far is masked */
+        x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - s->m);
+        s->l += x[j];
+    }
+}
+
 /* Log-sum-exp of the row (-inf when nothing was pushed). */
 static inline float attnd_softmax_lse(const attnd_softmax *s)
 {
