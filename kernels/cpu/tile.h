@@ -17,21 +17,25 @@ static inline void attnd_row_load(float *dst, const void *base, attnd_dtype dt, 
     switch (dt) {
     case ATTND_DTYPE_F32: {
         const float *s = (const float *)base + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = s[i] * scale;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = s[i] * scale;
         break;
     }
     case ATTND_DTYPE_F16: {
         const uint16_t *s = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = attnd_f16_to_f32(s[i]) * scale;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = attnd_f16_to_f32(s[i]) * scale;
         break;
     }
     case ATTND_DTYPE_BF16: {
         const uint16_t *s = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = attnd_bf16_to_f32(s[i]) * scale;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = attnd_bf16_to_f32(s[i]) * scale;
         break;
     }
     default:
-        for (int64_t i = 0; i < n; i++) dst[i] = attnd_load_f32(base, dt, off + i) * scale;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = attnd_load_f32(base, dt, off + i) * scale;
         break;
     }
 }
@@ -40,7 +44,8 @@ static inline void attnd_row_load(float *dst, const void *base, attnd_dtype dt, 
 static inline void attnd_row_store(void *base, attnd_dtype dt, int64_t off, const float *src,
                                    int64_t n, float mul)
 {
-    for (int64_t i = 0; i < n; i++) attnd_store_f32(base, dt, off + i, src[i] * mul);
+    for (int64_t i = 0; i < n; i++)
+        attnd_store_f32(base, dt, off + i, src[i] * mul);
 }
 
 /* Float32 dot product. Eight partial sums let the compiler vectorise without -ffast-math. */
@@ -49,17 +54,21 @@ static inline float attnd_dot(const float *a, const float *b, int64_t n)
     float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) part[k] += a[i + k] * b[i + k];
+        for (int k = 0; k < 8; k++)
+            part[k] += a[i + k] * b[i + k];
     float s = 0.0f;
-    for (; i < n; i++) s += a[i] * b[i];
-    for (int k = 0; k < 8; k++) s += part[k];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    for (int k = 0; k < 8; k++)
+        s += part[k];
     return s;
 }
 
 /* y += a * x */
 static inline void attnd_axpy(float *y, float a, const float *x, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
 }
 
 /* x[j] = scale * q . k_j for the n key rows of kb (row stride d); keys j >= lim are masked. */

@@ -122,7 +122,8 @@ typedef struct attnd_varlen_params {
  * Varlen like above, with either q_len == k_len (prefill) or q_len == 1 (decode) per sequence;
  * past = k_len - q_len. Query i (position past + i) of head h may see key block kb (keys
  * kb*block_size ..) iff kb is listed in layout_col[h][crow[h][r] .. crow[h][r+1]-1] for row
- * r = (past + i) / q_block_size; within listed blocks the mask is causal (key <= position). */
+ * r = (past + i) / q_block_size; within listed blocks the mask is causal (key <= position).
+ * Each layout row lists distinct key blocks in increasing order; decode needs k_len >= 1. */
 typedef struct attnd_blocksparse_params {
     attnd_tensor q;            /* [total_q, num_q_heads, head_size] f16 | bf16 */
     attnd_tensor k;            /* [total_k, num_kv_heads, head_size] */
