@@ -2,7 +2,8 @@
 # Install every Debian package attnd's build, tests and demo need. Safe to run twice.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-      libnng-dev libjansson-dev libcriterion-dev python3 python3-numpy systemd)
+      libnng-dev libjansson-dev libcriterion-dev python3 python3-numpy systemd
+      libsystemd-dev python3-yaml clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

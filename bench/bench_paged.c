@@ -1,0 +1,369 @@
+/* bench_paged: times the cuda backend's paged attention on the anchor shapes (bf16, 32 q heads,
+ * 8 kv heads, head 128, block 16) with CUDA events on the backend's stream: warm-up, then the
+ * median of many runs, rotating over input sets that together exceed the L2 several times.
+ *
+ *   decode  (3D + reduce): GB/s  = K/V bytes the context holds (batch * ctx * 8 * 128 * 2 * elem)
+ *                                  / time, as ../shared/anchors/bench_anchors.py counts them
+ *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
+ *
+ *   bench_paged [--sweep] [--quick]
+ *
+ * --sweep also times every segment count of a small list for each decode case (the chosen one is
+ * marked). Prints one line per case and a summary table last. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "../kernels/cuda/cuda_backend.h"
+#include "attnd/kernels.h"
+
+#define HQ 32
+#define HK 8
+#define HD 128
+#define BS 16
+#define MAX_SETS 8
+
+static attnd_backend *g_b;
+static cudaStream_t g_stream;
+static int g_num_sms;
+static size_t g_l2;
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define AK(call)                                                                                   \
+    do {                                                                                           \
+        attnd_err e_ = (call);                                                                     \
+        if (e_ != ATTND_ERR_OK) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,                    \
+                    attnd_strerror(e_), attnd_backend_last_error(g_b));                            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------- random device data */
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 0x2545F4914F6CDD1Dull;
+}
+
+static double rnd_normal(void)
+{
+    double u1 = ((double)(rnd() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rnd() >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* A 32 MiB pattern of N(0,1) values in dtype dt (fp8: divided by 0.05), copied over the buffer
+ * at a random rotation so sets differ. */
+#define PATTERN_BYTES (32u << 20)
+static void *g_pat[4];
+
+static const void *pattern(attnd_dtype dt)
+{
+    if (g_pat[dt]) return g_pat[dt];
+    size_t es = attnd_dtype_size(dt), n = PATTERN_BYTES / es;
+    unsigned char *p = malloc(PATTERN_BYTES);
+    for (size_t i = 0; i < n; i++)
+        attnd_store_f32(p, dt, (int64_t)i,
+                        (float)(rnd_normal() / (dt == ATTND_DTYPE_FP8_E4M3 ? 0.05 : 1.0)));
+    g_pat[dt] = p;
+    return p;
+}
+
+static void *dev_random(size_t bytes, attnd_dtype dt)
+{
+    void *d = NULL;
+    AK(attnd_backend_alloc(g_b, bytes, &d));
+    const unsigned char *pat = pattern(dt);
+    size_t rot = (size_t)(rnd() % (PATTERN_BYTES / 16)) * 16;
+    for (size_t off = 0; off < bytes;) {
+        size_t n = PATTERN_BYTES - rot;
+        if (n > bytes - off) n = bytes - off;
+        CK(cudaMemcpy((unsigned char *)d + off, pat + rot, n, cudaMemcpyHostToDevice));
+        off += n;
+        rot = 0;
+    }
+    return d;
+}
+
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    AK(attnd_backend_alloc(g_b, bytes, &d));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* ---------------------------------------------------------------- one input set */
+
+typedef struct set {
+    attnd_paged_params p;
+    void *bufs[9];
+    int nbufs;
+    void *ws;
+    size_t ws_bytes;
+} set;
+
+static void tensor(attnd_tensor *t, void *data, attnd_dtype dt, int nd, int64_t a, int64_t b,
+                   int64_t c, int64_t d)
+{
+    int64_t shape[4] = {a, b, c, d};
+    attnd_tensor_init(t, data, dt, nd, shape);
+}
+
+static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt, int segments)
+{
+    memset(s, 0, sizeof *s);
+    int64_t nblk_seq = (ctx + BS - 1) / BS, nblocks = batch * nblk_seq + 8;
+    int64_t T = (int64_t)batch * qlen;
+    size_t ces = attnd_dtype_size(cache_dt);
+    size_t cache_bytes = (size_t)nblocks * BS * HK * HD * ces;
+    void *k = dev_random(cache_bytes, cache_dt), *v = dev_random(cache_bytes, cache_dt);
+    void *q = dev_random((size_t)T * HQ * HD * 2, ATTND_DTYPE_BF16);
+    void *out = dev_random((size_t)T * HQ * HD * 2, ATTND_DTYPE_BF16);
+    int32_t *bt = malloc((size_t)batch * nblk_seq * sizeof *bt);
+    int64_t *perm = malloc((size_t)(nblocks - 8) * sizeof *perm);
+    for (int64_t i = 0; i < nblocks - 8; i++) perm[i] = i;
+    for (int64_t i = nblocks - 9; i > 0; i--) {
+        int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t i = 0; i < batch * nblk_seq; i++) bt[i] = (int32_t)perm[i];
+    int32_t *sl = malloc((size_t)batch * sizeof *sl), *qsl = malloc((size_t)(batch + 1) * sizeof *qsl);
+    for (int b = 0; b < batch; b++) sl[b] = ctx;
+    for (int b = 0; b <= batch; b++) qsl[b] = b * qlen;
+    void *dbt = dev_copy(bt, (size_t)batch * nblk_seq * sizeof *bt);
+    void *dsl = dev_copy(sl, (size_t)batch * sizeof *sl);
+    void *dqsl = dev_copy(qsl, (size_t)(batch + 1) * sizeof *qsl);
+    free(bt);
+    free(perm);
+    free(sl);
+    free(qsl);
+
+    attnd_paged_params *p = &s->p;
+    tensor(&p->q, q, ATTND_DTYPE_BF16, 3, T, HQ, HD, 0);
+    tensor(&p->k_cache, k, cache_dt, 4, nblocks, BS, HK, HD);
+    tensor(&p->v_cache, v, cache_dt, 4, nblocks, BS, HK, HD);
+    tensor(&p->out, out, ATTND_DTYPE_BF16, 3, T, HQ, HD, 0);
+    tensor(&p->block_tables, dbt, ATTND_DTYPE_I32, 2, batch, nblk_seq, 0, 0);
+    tensor(&p->seq_lens, dsl, ATTND_DTYPE_I32, 1, batch, 0, 0, 0);
+    tensor(&p->query_start_loc, dqsl, ATTND_DTYPE_I32, 1, batch + 1, 0, 0, 0);
+    p->scale = 1.0f / sqrtf((float)HD);
+    p->k_scale = 0.05f;
+    p->v_scale = 0.05f;
+    p->max_query_len = qlen;
+    p->max_seq_len = ctx;
+    void *b[] = {k, v, q, out, dbt, dsl, dqsl};
+    for (int i = 0; i < 7; i++) s->bufs[i] = b[i];
+    s->nbufs = 7;
+    if (segments > 0) {
+        s->ws_bytes = attnd_paged_3d_workspace_size(T, HQ, HD, segments);
+        AK(attnd_backend_alloc(g_b, s->ws_bytes, &s->ws));
+    }
+}
+
+static void free_set(set *s)
+{
+    for (int i = 0; i < s->nbufs; i++) attnd_backend_free(g_b, s->bufs[i]);
+    attnd_backend_free(g_b, s->ws);
+}
+
+static size_t set_bytes(int batch, int ctx, int qlen, attnd_dtype cache_dt)
+{
+    size_t nblocks = (size_t)batch * ((ctx + BS - 1) / BS) + 8;
+    return 2 * nblocks * BS * HK * HD * attnd_dtype_size(cache_dt) +
+           2 * (size_t)batch * qlen * HQ * HD * 2;
+}
+
+/* ---------------------------------------------------------------- timing */
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median ms of iters runs of the op (3D when segments > 0, else 2D), rotating over nsets. */
+static float time_op(set *sets, int nsets, int segments, int warmup, int iters)
+{
+    cudaEvent_t *ev = malloc((size_t)(iters + 1) * 2 * sizeof *ev);
+    float *ms = malloc((size_t)iters * sizeof *ms);
+    for (int i = 0; i < 2 * iters; i++) CK(cudaEventCreate(&ev[i]));
+    for (int i = 0; i < warmup + iters; i++) {
+        set *s = &sets[i % nsets];
+        int timed = i >= warmup;
+        if (timed) CK(cudaEventRecord(ev[2 * (i - warmup)], g_stream));
+        if (segments > 0)
+            AK(attnd_paged_attention_3d(g_b, &s->p, segments, s->ws));
+        else
+            AK(attnd_paged_attention_2d(g_b, &s->p));
+        if (timed) CK(cudaEventRecord(ev[2 * (i - warmup) + 1], g_stream));
+    }
+    AK(attnd_backend_sync(g_b));
+    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    for (int i = 0; i < 2 * iters; i++) CK(cudaEventDestroy(ev[i]));
+    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
+    float med = ms[iters / 2];
+    free(ev);
+    free(ms);
+    return med;
+}
+
+static int num_sets_for(size_t bytes)
+{
+    size_t want = 4 * g_l2;
+    int n = (int)((want + bytes - 1) / bytes);
+    if (n < 2) n = 2;
+    if (n > MAX_SETS) n = MAX_SETS;
+    return n;
+}
+
+/* Segment count for a decode batch: fill the GPU with about two CTAs per SM (the decode tiles'
+ * occupancy), never cutting segments below 8 blocks (128 tokens) of context. */
+static int pick_segments(int batch, int ctx)
+{
+    int units = batch * HK;
+    int cap = 2 * g_num_sms;
+    int nblk = (ctx + BS - 1) / BS;
+    int segs = cap / units;
+    if (segs > nblk / 8) segs = nblk / 8;
+    if (segs < 1) segs = 1;
+    return segs;
+}
+
+/* ---------------------------------------------------------------- cases */
+
+typedef struct result {
+    char name[64];
+    float ms;
+    double figure; /* GB/s or TFLOP/s */
+    const char *unit;
+    int segments;
+} result;
+
+static result g_res[32];
+static int g_nres;
+
+static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, int quick)
+{
+    set sets[MAX_SETS];
+    int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
+    int chosen = pick_segments(batch, ctx);
+    static const int sweep_list[] = {1, 2, 4, 8, 16, 24, 33, 48, 66, 132};
+    int max_segs = chosen;
+    if (sweep)
+        for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
+            if (sweep_list[i] > max_segs) max_segs = sweep_list[i];
+    for (int i = 0; i < nsets; i++) make_set(&sets[i], batch, ctx, 1, cache_dt, max_segs);
+    double bytes = (double)batch * ctx * HK * HD * 2 * (double)attnd_dtype_size(cache_dt);
+    int iters = quick ? 30 : 200;
+    float ms = time_op(sets, nsets, chosen, 20, iters);
+    result *r = &g_res[g_nres++];
+    snprintf(r->name, sizeof r->name, "decode %s %d x %d", attnd_dtype_name(cache_dt), batch, ctx);
+    r->ms = ms;
+    r->figure = bytes / ms / 1e6;
+    r->unit = "GB/s";
+    r->segments = chosen;
+    printf("%-28s segs=%-4d %8.4f ms %8.1f GB/s  (sets=%d)\n", r->name, chosen, ms, r->figure,
+           nsets);
+    if (sweep) {
+        int nb = (ctx + BS - 1) / BS;
+        for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++) {
+            int sg = sweep_list[i];
+            if (sg > nb) continue;
+            float t = time_op(sets, nsets, sg, 5, quick ? 20 : 100);
+            printf("    sweep segs=%-4d %8.4f ms %8.1f GB/s%s\n", sg, t, bytes / t / 1e6,
+                   sg == chosen ? "  <- chosen" : "");
+        }
+    }
+    fflush(stdout);
+    for (int i = 0; i < nsets; i++) free_set(&sets[i]);
+    return ms;
+}
+
+static void bench_prefill(int batch, int L, int quick)
+{
+    set sets[MAX_SETS];
+    int nsets = num_sets_for(set_bytes(batch, L, L, ATTND_DTYPE_BF16));
+    for (int i = 0; i < nsets; i++) make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
+    double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
+    float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
+    result *r = &g_res[g_nres++];
+    snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal", batch, L);
+    r->ms = ms;
+    r->figure = flops / ms / 1e9;
+    r->unit = "TFLOP/s";
+    r->segments = 0;
+    printf("%-28s          %8.4f ms %8.1f TFLOP/s  (sets=%d)\n", r->name, ms, r->figure, nsets);
+    fflush(stdout);
+    for (int i = 0; i < nsets; i++) free_set(&sets[i]);
+}
+
+int main(int argc, char **argv)
+{
+    int sweep = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--sweep") == 0)
+            sweep = 1;
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--sweep] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    attnd_err rv = attnd_backend_open(&g_b, "cuda", NULL);
+    if (rv != ATTND_ERR_OK) {
+        fprintf(stderr, "bench_paged: cannot open the cuda backend: %s\n", attnd_strerror(rv));
+        return 1;
+    }
+    attnd_cuda *c = attnd_cuda_of(g_b);
+    g_stream = c->stream;
+    g_num_sms = c->num_sms;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, c->device));
+    g_l2 = (size_t)prop.l2CacheSize;
+    printf("bench_paged: %s, %d SMs, L2 %zu MiB; bf16 q/out, %d q heads, %d kv heads, head %d, "
+           "block %d\n",
+           prop.name, g_num_sms, g_l2 >> 20, HQ, HK, HD, BS);
+
+    static const int dec[4][2] = {{1, 32768}, {8, 8192}, {64, 4096}, {256, 2048}};
+    float t_bf16_64 = 0.0f, t_fp8_64 = 0.0f;
+    for (int i = 0; i < 4; i++) {
+        float t = bench_decode(dec[i][0], dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
+        if (dec[i][0] == 64) t_bf16_64 = t;
+    }
+    for (int i = 0; i < 4; i++) {
+        float t = bench_decode(dec[i][0], dec[i][1], ATTND_DTYPE_FP8_E4M3, sweep && i == 2, quick);
+        if (dec[i][0] == 64) t_fp8_64 = t;
+    }
+    bench_prefill(1, 8192, quick);
+    bench_prefill(8, 2048, quick);
+
+    printf("\n| case | segments | ms | figure |\n| --- | --- | --- | --- |\n");
+    for (int i = 0; i < g_nres; i++)
+        printf("| %s | %d | %.4f | %.1f %s |\n", g_res[i].name, g_res[i].segments, g_res[i].ms,
+               g_res[i].figure, g_res[i].unit);
+    if (t_fp8_64 > 0.0f)
+        printf("| fp8 / bf16 speed, 64 x 4096 | | | %.2fx |\n", t_bf16_64 / t_fp8_64);
+    attnd_backend_close(g_b);
+    for (int i = 0; i < 4; i++) free(g_pat[i]);
+    return 0;
+}

@@ -1,0 +1,309 @@
+/* libattnd-client: the C client of the attnd daemon (proto/attnd.proto is the wire contract).
+ *
+ * One attnd_client is one NNG REQ socket dialed to one daemon, and after attnd_client_hello one
+ * session. Every call is synchronous: it sends one Request, waits for its Reply (at most the
+ * client's timeout for the send and the receive together) and returns an attnd_err: OK, the
+ * daemon's code, or a local one (UNAVAILABLE: cannot connect or the connection dropped, TIMEOUT:
+ * no reply in time, PROTOCOL: a reply that does not decode or does not match the request,
+ * INVALID_ARGUMENT: a call the client cannot even encode). attnd_client_last_error gives the
+ * message: the daemon's own (it names the field and the value) or the client's.
+ *
+ * A session lives on its connection. When the connection drops (the daemon exits or closes
+ * it), calls in flight and every later call fail at once with UNAVAILABLE; make a new client
+ * to start over (the daemon reclaims the old session's sequences after its timeout).
+ *
+ * Threads: calls on one client may come from several threads at once (each call runs on its own
+ * NNG context, replies are matched to their requests). Configure (timeout, hello) before sharing.
+ * Regions, sequences and steps belong to the client's session; another client cannot name them.
+ *
+ * Tensors travel by reference (attnd_ref): a region registered with the daemon plus an offset,
+ * usually a POSIX shared-memory object made by attnd_client_shm_create, or INLINE (the bytes ride
+ * in the message; an inline output is copied back from the reply into the caller's buffer).
+ */
+#ifndef ATTND_CLIENT_H
+#define ATTND_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnd/dtype.h"
+#include "attnd/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define ATTND_CLIENT_API __attribute__((visibility("default")))
+#else
+#define ATTND_CLIENT_API
+#endif
+
+/* Hello.protocol_version this client speaks. */
+#define ATTND_CLIENT_PROTOCOL_VERSION 1
+/* Send + receive budget of one call when attnd_client_opts.timeout_ms is 0. */
+#define ATTND_CLIENT_DEFAULT_TIMEOUT_MS 10000
+/* Most dims a tensor reference carries (as the kernels' ATTND_MAX_DIMS). */
+#define ATTND_REF_MAX_DIMS 4
+
+typedef struct attnd_client attnd_client;
+
+typedef struct attnd_client_opts {
+    const char *name;   /* Hello.client_name; NULL = "attnd-client" */
+    const char *token;  /* Hello.token, when the daemon requires one; NULL = none */
+    int32_t timeout_ms; /* per call; 0 = ATTND_CLIENT_DEFAULT_TIMEOUT_MS, -1 = wait forever */
+} attnd_client_opts;
+
+/* The daemon's fixed geometry (HelloReply.geometry, StatusReply.geometry). */
+typedef struct attnd_geometry {
+    uint32_t num_layers;
+    uint32_t num_q_heads;
+    uint32_t num_kv_heads;
+    uint32_t head_size;
+    uint32_t block_size;
+    attnd_dtype cache_dtype;
+    uint32_t num_blocks;
+    uint32_t max_blocks_per_seq;
+    float scale;
+    uint32_t linear_slots; /* 0 = no linear-attention state cache */
+    uint32_t linear_heads;
+    uint32_t linear_head_dim;
+} attnd_geometry;
+
+/* Per-session limits (HelloReply.limits). */
+typedef struct attnd_limits {
+    uint32_t max_seqs;
+    uint32_t max_step_tokens;
+    uint32_t max_regions;
+    uint64_t max_inline_bytes;
+    uint32_t request_timeout_ms;
+} attnd_limits;
+
+/* What Hello returned: the session and the daemon's description. */
+typedef struct attnd_server_info {
+    uint32_t protocol_version;
+    uint64_t session;
+    char version[64];
+    char backend[16];
+    attnd_geometry geometry;
+    attnd_limits limits;
+    uint32_t blocks_free;
+} attnd_server_info;
+
+/* StatusReply. */
+typedef struct attnd_status {
+    char version[64];
+    char backend[16];
+    attnd_geometry geometry;
+    uint32_t blocks_free;
+    uint32_t num_sequences;
+    uint32_t num_sessions;
+    uint64_t requests;
+    uint64_t errors;
+    double uptime_s;
+} attnd_status;
+
+/* SequenceInfo. */
+typedef struct attnd_seq_info {
+    uint64_t seq_id;
+    uint32_t num_tokens;
+    uint32_t num_blocks;
+    uint64_t step; /* open step holding it, 0 if none */
+} attnd_seq_info;
+
+/* One sequence of a BeginStep. */
+typedef struct attnd_step_seq {
+    uint64_t seq_id;
+    uint32_t new_tokens;
+} attnd_step_seq;
+
+/* What BeginStep returned. */
+typedef struct attnd_step {
+    uint64_t id;
+    uint32_t num_tokens; /* rows of Q/K/V of every Attend of this step */
+} attnd_step;
+
+/* A tensor reference (TensorRef). region 0 is INLINE: an input's bytes are `data` (`bytes` of
+ * them, contiguous); an output's bytes come back into `out` (`bytes` = its capacity, which must
+ * equal the size of what the daemon returns). Build one with the attnd_ref_* helpers below. */
+typedef struct attnd_ref {
+    uint32_t region;  /* registered region id; 0 = INLINE */
+    uint64_t offset;  /* bytes from the region's start */
+    attnd_dtype dtype;
+    int32_t ndim;
+    int64_t shape[ATTND_REF_MAX_DIMS];
+    int64_t strides[ATTND_REF_MAX_DIMS]; /* elements; sent only when has_strides */
+    int32_t has_strides;                 /* 0 = contiguous (no strides on the wire) */
+    const void *data;                    /* INLINE input bytes */
+    void *out;                           /* INLINE output destination */
+    size_t bytes;                        /* INLINE: size of data, or capacity of out */
+} attnd_ref;
+
+/* A POSIX shared-memory object mapped here and registered with the daemon as one region.
+ * The caller owns the struct; attnd_client_shm_create fills it, attnd_client_shm_destroy ends it. */
+typedef struct attnd_shm {
+    uint32_t region; /* region id it is registered under (0 = not registered) */
+    char name[64];   /* shm_open name, "/attnd-<pid>-<n>-<rand>" */
+    void *base;      /* mapping in this process */
+    size_t size;     /* bytes */
+} attnd_shm;
+
+/* ---------------------------------------------------------------- client and session */
+
+/* Allocate a client (opts may be NULL). NO_MEMORY or UNAVAILABLE (NNG socket) on failure. */
+ATTND_CLIENT_API attnd_err attnd_client_alloc(attnd_client **c, const attnd_client_opts *opts);
+/* Close the socket and free the client (NULL is ignored). Regions made with
+ * attnd_client_shm_create must be destroyed first; the daemon reclaims the session's sequences
+ * when the connection drops. */
+ATTND_CLIENT_API void attnd_client_free(attnd_client *c);
+/* Dial "ipc:///path" or "tcp://host:port" (synchronous). UNAVAILABLE if nothing listens there,
+ * INVALID_ARGUMENT for a malformed URL. */
+ATTND_CLIENT_API attnd_err attnd_client_dial(attnd_client *c, const char *url);
+/* Send Hello and open a session; info (may be NULL) receives the reply, which the client also
+ * keeps (attnd_client_server). */
+ATTND_CLIENT_API attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info);
+/* attnd_client_dial then attnd_client_hello. */
+ATTND_CLIENT_API attnd_err attnd_client_connect(attnd_client *c, const char *url,
+                                                attnd_server_info *info);
+/* The HelloReply of the open session, or NULL before attnd_client_hello succeeded. */
+ATTND_CLIENT_API const attnd_server_info *attnd_client_server(const attnd_client *c);
+/* The session id (0 before Hello). */
+ATTND_CLIENT_API uint64_t attnd_client_session(const attnd_client *c);
+/* Change the per-call timeout (ms; 0 = default, -1 = forever) for calls that start afterwards. */
+ATTND_CLIENT_API void attnd_client_set_timeout(attnd_client *c, int32_t timeout_ms);
+/* Message of the last failed call on this client ("" if none). The pointer stays valid until
+ * the client is freed; when threads share a client prefer attnd_client_last_error_copy. */
+ATTND_CLIENT_API const char *attnd_client_last_error(const attnd_client *c);
+/* 1 when the last failure was an error reply from the daemon, 0 when it was the client's own
+ * (transport, timeout, lost connection, a reply that did not decode). */
+ATTND_CLIENT_API int attnd_client_last_error_remote(const attnd_client *c);
+/* Copy the last error message into buf (always NUL-terminated when len > 0); returns its
+ * length. */
+ATTND_CLIENT_API size_t attnd_client_last_error_copy(const attnd_client *c, char *buf,
+                                                     size_t len);
+/* StatusRequest; works without a session (after attnd_client_dial). */
+ATTND_CLIENT_API attnd_err attnd_client_status(attnd_client *c, attnd_status *st);
+
+/* ---------------------------------------------------------------- regions */
+
+/* Register a POSIX shm object (shm_open name) of `size` bytes as region `region` (> 0, unique
+ * in the session). The daemon maps it. */
+ATTND_CLIENT_API attnd_err attnd_client_region_register_shm(attnd_client *c, uint32_t region,
+                                                            const char *shm_name, uint64_t size);
+/* Register CUDA memory by its cudaIpcMemHandle_t (64 bytes at ipc_handle) as region `region`. */
+ATTND_CLIENT_API attnd_err attnd_client_region_register_cuda(attnd_client *c, uint32_t region,
+                                                             const void *ipc_handle, uint64_t size,
+                                                             int32_t device);
+ATTND_CLIENT_API attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region);
+/* A region id not yet handed out by this client (1, 2, ...); attnd_client_shm_create uses it. */
+ATTND_CLIENT_API uint32_t attnd_client_region_next_id(attnd_client *c);
+
+/* Create a shm object of `size` bytes (shm_open + ftruncate + mmap, zero-filled), and register
+ * it under a fresh region id. On failure nothing is left behind. NO_MEMORY / INTERNAL for local
+ * failures (the message names the system call), or the daemon's code. */
+ATTND_CLIENT_API attnd_err attnd_client_shm_create(attnd_client *c, size_t size, attnd_shm *shm);
+/* Unregister (when registered and c is not NULL), unmap and unlink. Returns the unregister
+ * result; the local object is released in any case. */
+ATTND_CLIENT_API attnd_err attnd_client_shm_destroy(attnd_client *c, attnd_shm *shm);
+
+/* ---------------------------------------------------------------- tensor references */
+
+/* Bytes of a contiguous tensor of this dtype and shape (0 for an unknown dtype or bad shape). */
+ATTND_CLIENT_API size_t attnd_ref_nbytes(attnd_dtype dtype, int32_t ndim, const int64_t *shape);
+/* A contiguous tensor at `offset` in region `region`. */
+ATTND_CLIENT_API void attnd_ref_region(attnd_ref *r, uint32_t region, uint64_t offset,
+                                       attnd_dtype dtype, int32_t ndim, const int64_t *shape);
+/* A contiguous tensor at `offset` bytes into a shm object's region. */
+ATTND_CLIENT_API void attnd_ref_shm(attnd_ref *r, const attnd_shm *shm, uint64_t offset,
+                                    attnd_dtype dtype, int32_t ndim, const int64_t *shape);
+/* An INLINE input: the contiguous bytes at data travel in the request. */
+ATTND_CLIENT_API void attnd_ref_inline_in(attnd_ref *r, const void *data, attnd_dtype dtype,
+                                          int32_t ndim, const int64_t *shape);
+/* An INLINE output: the result comes back in the reply and is copied to out (contiguous,
+ * attnd_ref_nbytes of the shape). */
+ATTND_CLIENT_API void attnd_ref_inline_out(attnd_ref *r, void *out, attnd_dtype dtype,
+                                           int32_t ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------- sequences and steps */
+
+/* Create sequence seq_id (client-chosen, non-zero). info may be NULL. */
+ATTND_CLIENT_API attnd_err attnd_client_seq_create(attnd_client *c, uint64_t seq_id,
+                                                   attnd_seq_info *info);
+/* Fork parent into a new sequence child sharing its blocks (copy-on-write). info may be NULL. */
+ATTND_CLIENT_API attnd_err attnd_client_seq_fork(attnd_client *c, uint64_t parent, uint64_t child,
+                                                 attnd_seq_info *info);
+ATTND_CLIENT_API attnd_err attnd_client_seq_free(attnd_client *c, uint64_t seq_id);
+ATTND_CLIENT_API attnd_err attnd_client_seq_query(attnd_client *c, uint64_t seq_id,
+                                                  attnd_seq_info *info);
+/* The session's sequences: up to cap of them into seqs, their total count into *n. */
+ATTND_CLIENT_API attnd_err attnd_client_seq_list(attnd_client *c, attnd_seq_info *seqs, size_t cap,
+                                                 size_t *n);
+/* BeginStep over n sequences (Q/K/V rows are their new tokens, concatenated in this order).
+ * query_start_loc (may be NULL) receives the n + 1 row offsets. */
+ATTND_CLIENT_API attnd_err attnd_client_step_begin(attnd_client *c, const attnd_step_seq *seqs,
+                                                   size_t n, attnd_step *step,
+                                                   uint32_t *query_start_loc);
+/* EndStep: commit, or with abort != 0 release the step's slots. */
+ATTND_CLIENT_API attnd_err attnd_client_step_end(attnd_client *c, uint64_t step, int abort);
+
+/* ---------------------------------------------------------------- ops */
+
+/* One layer of a step: k_new/v_new [num_tokens, kv_heads, head_size] go into the cache, paged
+ * attention of q [num_tokens, q_heads, head_size] goes to out; out_lse ([q_heads, num_tokens]
+ * f32) may be NULL. Inline outputs are filled on success. */
+ATTND_CLIENT_API attnd_err attnd_client_attend(attnd_client *c, uint64_t step, uint32_t layer,
+                                               const attnd_ref *q, const attnd_ref *k_new,
+                                               const attnd_ref *v_new, attnd_ref *out,
+                                               attnd_ref *out_lse);
+
+/* MergeStates (out_lse may be NULL). */
+typedef struct attnd_merge_args {
+    attnd_ref *out, *out_lse;
+    const attnd_ref *prefix_out, *prefix_lse, *suffix_out, *suffix_lse;
+} attnd_merge_args;
+ATTND_CLIENT_API attnd_err attnd_client_merge(attnd_client *c, const attnd_merge_args *a);
+
+/* VarlenAttention (bias may be NULL). */
+typedef struct attnd_varlen_args {
+    const attnd_ref *q, *k, *v;
+    attnd_ref *out;
+    const attnd_ref *cu_seqlens_q, *cu_seqlens_k, *bias;
+    int32_t max_seqlen_q, max_seqlen_k;
+    int32_t causal;
+    float scale;
+    float q_scale, k_scale, v_scale, p_scale, out_scale;
+} attnd_varlen_args;
+ATTND_CLIENT_API attnd_err attnd_client_varlen(attnd_client *c, const attnd_varlen_args *a);
+
+/* BlocksparseAttention. */
+typedef struct attnd_blocksparse_args {
+    const attnd_ref *q, *k, *v;
+    attnd_ref *out;
+    const attnd_ref *cu_seqlens_q, *cu_seqlens_k, *layout_crow, *layout_col;
+    int32_t block_size, q_block_size;
+    int32_t max_seqlen_q, max_seqlen_k;
+    float scale;
+} attnd_blocksparse_args;
+ATTND_CLIENT_API attnd_err attnd_client_blocksparse(attnd_client *c,
+                                                    const attnd_blocksparse_args *a);
+
+/* LinearPrefill / LinearDecode against the daemon-held state of each sequence (seq_ids[batch],
+ * slopes[heads]; block_size is used by prefill only, 0 = the daemon's default). */
+typedef struct attnd_linear_args {
+    uint32_t layer;
+    const uint64_t *seq_ids;
+    size_t batch;
+    const attnd_ref *q, *k, *v;
+    attnd_ref *out;
+    const float *slopes;
+    size_t num_slopes;
+    int32_t block_size;
+} attnd_linear_args;
+ATTND_CLIENT_API attnd_err attnd_client_linear_prefill(attnd_client *c,
+                                                       const attnd_linear_args *a);
+ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const attnd_linear_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

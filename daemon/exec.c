@@ -1,0 +1,178 @@
+#include "exec.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct exec_item {
+    attnd_exec_fn fn;
+    void *arg;
+    uint64_t value;
+    struct exec_item *next; /* control lane only */
+} exec_item;
+
+struct attnd_exec {
+    attnd_backend *backend;
+    attnd_log *log;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stopping;
+    exec_item *ring; /* requests: [depth] */
+    uint32_t depth, head, count;
+    exec_item *ctl_head, *ctl_tail; /* control events */
+};
+
+static attnd_err exec_open_backend(attnd_exec *ex, const char *name, const attnd_backend_opts *opts)
+{
+    if (strcmp(name, "auto") != 0) return attnd_backend_open(&ex->backend, name, opts);
+    if (attnd_backend_available("cuda") &&
+        attnd_backend_open(&ex->backend, "cuda", opts) == ATTND_ERR_OK)
+        return ATTND_ERR_OK;
+    return attnd_backend_open(&ex->backend, "cpu", opts);
+}
+
+attnd_err attnd_exec_alloc(attnd_exec **out, const char *backend, const attnd_backend_opts *opts,
+                           uint32_t depth, attnd_log *lg)
+{
+    attnd_err rv;
+    *out = NULL;
+    attnd_exec *ex = calloc(1, sizeof *ex);
+    if (ex == NULL) return ATTND_ERR_NO_MEMORY;
+    ex->log = lg;
+    ex->depth = depth ? depth : 1;
+    ex->ring = calloc(ex->depth, sizeof *ex->ring);
+    if (ex->ring == NULL) {
+        rv = ATTND_ERR_NO_MEMORY;
+        goto fail;
+    }
+    if ((rv = exec_open_backend(ex, backend, opts)) != ATTND_ERR_OK) goto fail;
+    pthread_mutex_init(&ex->mu, NULL);
+    pthread_cond_init(&ex->cv, NULL);
+    *out = ex;
+    return ATTND_ERR_OK;
+fail:
+    free(ex->ring);
+    free(ex);
+    return rv;
+}
+
+/* Next item, control lane first; 0 when stopping and both lanes are empty. */
+static int exec_take(attnd_exec *ex, exec_item *it)
+{
+    pthread_mutex_lock(&ex->mu);
+    while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
+        pthread_cond_wait(&ex->cv, &ex->mu);
+    int got = 1;
+    if (ex->ctl_head) {
+        exec_item *c = ex->ctl_head;
+        ex->ctl_head = c->next;
+        if (ex->ctl_head == NULL) ex->ctl_tail = NULL;
+        *it = *c;
+        free(c);
+    } else if (ex->count) {
+        *it = ex->ring[ex->head];
+        ex->head = (ex->head + 1) % ex->depth;
+        ex->count--;
+    } else {
+        got = 0;
+    }
+    pthread_mutex_unlock(&ex->mu);
+    return got;
+}
+
+static void *exec_main(void *arg)
+{
+    attnd_exec *ex = arg;
+    exec_item it;
+    ATTND_LOG(ex->log, ATTND_LOG_DEBUG, "event=executor_start backend=%s",
+              attnd_backend_name(ex->backend));
+    while (exec_take(ex, &it))
+        it.fn(it.arg, it.value);
+    return NULL;
+}
+
+attnd_err attnd_exec_start(attnd_exec *ex)
+{
+    if (pthread_create(&ex->thread, NULL, exec_main, ex) != 0) return ATTND_ERR_NO_MEMORY;
+    ex->started = 1;
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_exec_submit(attnd_exec *ex, attnd_exec_fn fn, void *arg)
+{
+    attnd_err rv = ATTND_ERR_UNAVAILABLE;
+    pthread_mutex_lock(&ex->mu);
+    if (!ex->stopping && ex->count < ex->depth) {
+        exec_item *it = &ex->ring[(ex->head + ex->count) % ex->depth];
+        it->fn = fn;
+        it->arg = arg;
+        it->value = 0;
+        ex->count++;
+        rv = ATTND_ERR_OK;
+        pthread_cond_signal(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+    return rv;
+}
+
+attnd_err attnd_exec_post(attnd_exec *ex, attnd_exec_fn fn, void *arg, uint64_t value)
+{
+    exec_item *it = calloc(1, sizeof *it);
+    if (it == NULL) return ATTND_ERR_NO_MEMORY;
+    it->fn = fn;
+    it->arg = arg;
+    it->value = value;
+    pthread_mutex_lock(&ex->mu);
+    if (ex->stopping) {
+        pthread_mutex_unlock(&ex->mu);
+        free(it);
+        return ATTND_ERR_UNAVAILABLE;
+    }
+    if (ex->ctl_tail)
+        ex->ctl_tail->next = it;
+    else
+        ex->ctl_head = it;
+    ex->ctl_tail = it;
+    pthread_cond_signal(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+    return ATTND_ERR_OK;
+}
+
+void attnd_exec_stop(attnd_exec *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    ex->stopping = 1;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+    if (ex->started) pthread_join(ex->thread, NULL);
+    ex->started = 0;
+    /* without a thread (never started) queued control events still own their memory: run them */
+    exec_item it;
+    while (exec_take(ex, &it))
+        it.fn(it.arg, it.value);
+}
+
+void attnd_exec_free(attnd_exec *ex)
+{
+    if (ex == NULL) return;
+    attnd_exec_stop(ex);
+    attnd_backend_close(ex->backend);
+    pthread_cond_destroy(&ex->cv);
+    pthread_mutex_destroy(&ex->mu);
+    free(ex->ring);
+    free(ex);
+}
+
+attnd_backend *attnd_exec_backend(attnd_exec *ex)
+{
+    return ex->backend;
+}
+
+uint32_t attnd_exec_pending(attnd_exec *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    uint32_t n = ex->count;
+    pthread_mutex_unlock(&ex->mu);
+    return n;
+}

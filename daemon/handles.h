@@ -1,0 +1,64 @@
+/* Tensor handles: registered memory regions (POSIX shm mapped once per session) and the
+ * resolution of a wire TensorRef into an attnd_tensor.
+ *
+ * Every reference is checked before a kernel sees it: dtype, dims and shape against what the
+ * op expects, strides, 64-bit overflow of shape x strides x element size, alignment, and that
+ * every byte the view can touch lies inside its region (or inside the INLINE bytes). INLINE
+ * outputs get a zeroed host buffer, handed back in the reply. Messages start with the field. */
+#ifndef ATTND_DAEMON_HANDLES_H
+#define ATTND_DAEMON_HANDLES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnd.pb-c.h"
+#include "attnd/kernels.h"
+
+#define ATTND_HANDLES_MAX_OUT 4
+
+typedef struct attnd_region {
+    uint32_t id;   /* client-chosen, > 0 */
+    int kind;      /* Attnd__RegionKind */
+    void *base;    /* mapping */
+    uint64_t size; /* bytes the client registered (<= the object's size) */
+    int fd;        /* kept open to notice an object shrunk under us */
+    char name[256];
+} attnd_region;
+
+/* Map the POSIX shm object name (read-write, shared). INVALID_ARGUMENT (bad name, size 0, size
+ * over the object's), NOT_FOUND, PERMISSION_DENIED, NO_MEMORY. */
+attnd_err attnd_handles_map_shm(attnd_region *r, uint32_t id, const char *name, uint64_t size,
+                                char *err, size_t n);
+void attnd_handles_unmap(attnd_region *r);
+
+/* What an op expects of one tensor. */
+typedef struct attnd_tref_spec {
+    const char *field;             /* names it in messages */
+    uint32_t dtypes;               /* mask: 1u << attnd_dtype */
+    int32_t ndim;                  /* 1..ATTND_MAX_DIMS */
+    int64_t shape[ATTND_MAX_DIMS]; /* -1 = any */
+    int output;                    /* written by the op */
+    int optional;                  /* a missing reference gives a tensor with data == NULL */
+} attnd_tref_spec;
+
+/* Per request: the session's regions, the INLINE budget, and the INLINE outputs made. */
+typedef struct attnd_handles_req {
+    const attnd_region *regions;
+    uint32_t nregions;
+    uint64_t inline_left; /* INLINE output bytes still allowed */
+    uint32_t nout;
+    void *out[ATTND_HANDLES_MAX_OUT];
+    size_t out_bytes[ATTND_HANDLES_MAX_OUT];
+} attnd_handles_req;
+
+void attnd_handles_req_init(attnd_handles_req *hr, const attnd_region *regions, uint32_t nregions,
+                            uint64_t max_inline_bytes);
+/* Free INLINE output buffers still owned (those not taken by the reply). */
+void attnd_handles_req_fini(attnd_handles_req *hr);
+/* Resolve ref (NULL = missing) per spec into t. */
+attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
+                                const attnd_tref_spec *spec, attnd_tensor *t, char *err, size_t n);
+/* Total bytes of INLINE input data in a request's references (to bound them up front). */
+uint64_t attnd_handles_inline_in(const Attnd__TensorRef *const *refs, size_t count);
+
+#endif

@@ -1,0 +1,242 @@
+/* attnd: wires config, log, executor, ops, server and loop together. Policy lives in the
+ * modules; here only the order of construction and the small callbacks that connect them. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "exec.h"
+#include "log.h"
+#include "loop.h"
+#include "observe.h"
+#include "ops.h"
+#include "server.h"
+
+#define TICK_MS 100
+
+typedef struct daemon_ctx {
+    const char *config_path;
+    attnd_config cfg;
+    attnd_log log;
+    attnd_loop loop;
+    attnd_exec *ex;
+    attnd_ops *ops;
+    attnd_server *srv;
+    attnd_observe *obs;
+    uint64_t ticks;
+} daemon_ctx;
+
+static const char *const backend_names[] = {"cpu", "cuda", "auto"};
+
+/* ---------------------------------------------------------------- executor-side glue */
+
+static void exec_sweep(void *ops, uint64_t v)
+{
+    (void)v;
+    attnd_ops_sweep(ops);
+}
+
+/* Executor thread (which owns the cache): refresh the gauges /metrics and /status show. */
+static void exec_gauges(void *arg, uint64_t v)
+{
+    daemon_ctx *d = arg;
+    (void)v;
+    attnd_observe_gauges(d->obs, attnd_cache_blocks_free(d->ops->cache),
+                         attnd_cache_num_seqs(d->ops->cache), d->ops->sessions.count);
+}
+
+static void exec_stats(void *ops, uint64_t v)
+{
+    (void)v;
+    attnd_ops_log_stats(ops);
+}
+
+typedef struct live_update {
+    attnd_ops *ops;
+    attnd_config cfg;
+} live_update;
+
+static void exec_apply_live(void *arg, uint64_t v)
+{
+    live_update *u = arg;
+    (void)v;
+    attnd_ops_apply_live(u->ops, &u->cfg);
+    free(u);
+}
+
+/* ---------------------------------------------------------------- loop hooks */
+
+static void hook_drain(void *arg)
+{
+    daemon_ctx *d = arg;
+    attnd_observe_drain(d->obs);
+    attnd_server_drain(d->srv);
+}
+
+static int hook_drained(void *arg)
+{
+    daemon_ctx *d = arg;
+    return attnd_server_busy(d->srv) == 0 && attnd_exec_pending(d->ex) == 0;
+}
+
+static void hook_reload(void *arg)
+{
+    daemon_ctx *d = arg;
+    attnd_config next;
+    char err[512], restart[512];
+    attnd_err rv = attnd_config_load_file(&next, d->config_path, err, sizeof err);
+    if (rv != ATTND_ERR_OK) {
+        ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=reload_failed code=%s err=\"%s\" kept=old",
+                  attnd_err_name(rv), err);
+        attnd_observe_reload(d->obs, rv, err);
+        return;
+    }
+    int differ = attnd_config_apply_live(&d->cfg, &next, restart, sizeof restart);
+    attnd_log_set_level(&d->log, (attnd_log_level)d->cfg.log.level);
+    live_update *u = malloc(sizeof *u);
+    if (u != NULL) {
+        u->ops = d->ops;
+        u->cfg = d->cfg;
+        if (attnd_exec_post(d->ex, exec_apply_live, u, 0) != ATTND_ERR_OK) free(u);
+    }
+    ATTND_LOG(&d->log, ATTND_LOG_INFO, "event=reload applied=live restart_needed=\"%s\"",
+              differ ? restart : "");
+    attnd_observe_reload(d->obs, ATTND_ERR_OK, NULL);
+}
+
+static void hook_tick(void *arg)
+{
+    daemon_ctx *d = arg;
+    uint64_t every = (uint64_t)d->cfg.log.stats_interval_s * 1000 / TICK_MS;
+    d->ticks++;
+    attnd_observe_tick(d->obs, attnd_exec_pending(d->ex));
+    attnd_exec_post(d->ex, exec_sweep, d->ops, 0);
+    attnd_exec_post(d->ex, exec_gauges, d, 0);
+    if (every && d->ticks % every == 0) attnd_exec_post(d->ex, exec_stats, d->ops, 0);
+}
+
+/* ---------------------------------------------------------------- startup */
+
+static int start_modules(daemon_ctx *d)
+{
+    char err[512] = "";
+    attnd_err rv;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    attnd_backend_opts bo = {(int32_t)d->cfg.threads, (int32_t)d->cfg.device};
+    const char *be = backend_names[d->cfg.backend];
+    rv = attnd_exec_alloc(&d->ex, be, &bo, d->cfg.server.queue_depth, &d->log);
+    if (rv != ATTND_ERR_OK) {
+        snprintf(err, sizeof err, "backend: cannot open \"%s\": %s", be, attnd_strerror(rv));
+        goto fail;
+    }
+    if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK ||
+        (rv = attnd_observe_start(d->obs, attnd_backend_name(attnd_exec_backend(d->ex)), err,
+                                  sizeof err)) != ATTND_ERR_OK)
+        goto fail;
+    int32_t units = d->cfg.threads ? (int32_t)d->cfg.threads : (int32_t)(cores > 0 ? cores : 1);
+    rv = attnd_ops_alloc(&d->ops, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
+    if (rv != ATTND_ERR_OK) {
+        snprintf(err, sizeof err, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
+        goto fail;
+    }
+    d->ops->metrics = attnd_observe_metrics(d->obs);
+    d->ops->log_limit = attnd_observe_ratelimit(d->obs);
+    if ((rv = attnd_server_alloc(&d->srv, &d->cfg, d->ops, d->ex, &d->log, err, sizeof err)))
+        goto fail;
+    attnd_server_set_observe(d->srv, d->obs);
+    if ((rv = attnd_exec_start(d->ex)) != ATTND_ERR_OK) {
+        snprintf(err, sizeof err, "executor: cannot start its thread");
+        goto fail;
+    }
+    attnd_server_start(d->srv);
+    return 0;
+fail:
+    ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed code=%s err=\"%s\"",
+              attnd_err_name(rv), err);
+    return -1;
+}
+
+static void stop_modules(daemon_ctx *d)
+{
+    /* the executor first: it may still send replies on the server's contexts */
+    if (d->ex) attnd_exec_stop(d->ex);
+    attnd_server_free(d->srv);
+    attnd_ops_free(d->ops);
+    attnd_exec_free(d->ex);
+    attnd_observe_free(d->obs); /* last: the server and executor count into its metrics */
+}
+
+static int run(daemon_ctx *d)
+{
+    attnd_loop_hooks hooks = {d, hook_drain, hook_drained, hook_reload, hook_tick};
+    attnd_err rv = attnd_loop_init(&d->loop, &hooks, TICK_MS, d->cfg.server.drain_timeout_ms,
+                                   &d->log);
+    if (rv != ATTND_ERR_OK) {
+        ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed err=\"event loop: %s\"",
+                  attnd_strerror(rv));
+        return 1;
+    }
+    if (start_modules(d) != 0) {
+        attnd_loop_fini(&d->loop);
+        stop_modules(d);
+        return 1;
+    }
+    ATTND_LOG(&d->log, ATTND_LOG_INFO,
+              "event=ready version=%s backend=%s layers=%u blocks=%u listen=%s pid=%d",
+              ATTND_VERSION_STRING, attnd_backend_name(attnd_exec_backend(d->ex)),
+              d->cfg.geometry.num_layers, d->cfg.geometry.num_blocks, d->cfg.server.listen,
+              (int)getpid());
+    attnd_observe_ready(d->obs);
+    int lrv = attnd_loop_run(&d->loop);
+    stop_modules(d);
+    ATTND_LOG(&d->log, ATTND_LOG_INFO, "event=exit loop_close=%d", lrv);
+    return lrv == 0 ? 0 : 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: attnd --config FILE [--check-config]\n"
+               "       attnd --version\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"check-config", no_argument, NULL, 'k'},
+                                         {"version", no_argument, NULL, 'v'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    daemon_ctx d;
+    int check = 0, c;
+    char err[512];
+    memset(&d, 0, sizeof d);
+    while ((c = getopt_long(argc, argv, "c:kvh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': d.config_path = optarg; break;
+        case 'k': check = 1; break;
+        case 'v': printf("attnd %s (protocol %d)\n", ATTND_VERSION_STRING, ATTND_PROTOCOL_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (d.config_path == NULL || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    attnd_err rv = attnd_config_load_file(&d.cfg, d.config_path, err, sizeof err);
+    if (rv != ATTND_ERR_OK) {
+        fprintf(stderr, "attnd: %s: %s\n", d.config_path, err);
+        return 1;
+    }
+    if (check) {
+        printf("attnd: %s: ok\n", d.config_path);
+        return 0;
+    }
+    /* a client that goes away mid-write must not kill us; NNG reports it as an error */
+    signal(SIGPIPE, SIG_IGN);
+    attnd_log_init(&d.log, (attnd_log_level)d.cfg.log.level, NULL);
+    return run(&d);
+}

@@ -1,0 +1,127 @@
+/* Request handlers: the daemon's state (cache memory, sequences, sessions, open steps, the
+ * linear-attention state cache) and one handler per request body, dispatched from a table.
+ *
+ * Everything here runs on the executor thread (attnd_ops_count excepted), so the state needs
+ * no locks. Steps live in step.c, the kernel requests on client tensors in tensorops.c; both
+ * use the helpers below. Every handler validates the whole request before it touches memory
+ * and returns an attnd_err with a message naming the field (attnd_ops_fail). */
+#ifndef ATTND_DAEMON_OPS_H
+#define ATTND_DAEMON_OPS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "attnd.pb-c.h"
+#include "attnd/kernels.h"
+#include "cache.h"
+#include "config.h"
+#include "handles.h"
+#include "log.h"
+#include "session.h"
+
+/* Version of proto/attnd.proto this daemon speaks (Hello.protocol_version). */
+#define ATTND_PROTOCOL_VERSION 1
+
+#define ATTND_OPS_COUNT_CODE(name, value, msg) +1
+enum { ATTND_OPS_NCODES = 0 ATTND_ERR_MAP(ATTND_OPS_COUNT_CODE) };
+#undef ATTND_OPS_COUNT_CODE
+
+struct attnd_step;
+
+typedef struct attnd_ops {
+    attnd_log *log;
+    attnd_backend *be;
+    attnd_cfg_geometry geo;
+    attnd_cfg_linear lin;
+    float scale;
+    attnd_cfg_limits limits;         /* live */
+    char token[ATTND_CFG_TOKEN_MAX]; /* live */
+    int32_t units;                   /* parallel units the planner fills */
+    attnd_cache *cache;
+    attnd_sessions sessions;
+    void **k_cache, **v_cache; /* [num_layers] backend memory */
+    void **lin_state;          /* [num_layers] [slots][heads][dim][dim] f32, NULL if no slots */
+    float *alibi;              /* backend memory [num_q_heads], NULL when off */
+    struct attnd_step *steps;  /* open steps of every session */
+    uint64_t next_step;
+    uint64_t start_ms;
+    atomic_uint_fast64_t requests;
+    atomic_uint_fast64_t by_code[ATTND_OPS_NCODES];
+    struct attnd_metrics *metrics; /* kernel time and bytes by kind; NULL = not counted */
+    struct attnd_ratelimit *log_limit; /* repeated request errors logged at this rate; NULL = all */
+} attnd_ops;
+
+/* One reply and the storage its sub-messages point to. */
+typedef struct attnd_ops_reply {
+    Attnd__Reply reply;
+    char msg[512];
+    Attnd__HelloReply hello;
+    Attnd__Geometry geometry;
+    Attnd__Limits limits;
+    Attnd__SequenceInfo seq;
+    Attnd__SequenceList seqs;
+    Attnd__SequenceInfo *seq_items; /* heap */
+    Attnd__SequenceInfo **seq_ptrs; /* heap */
+    Attnd__BeginStepReply step;
+    Attnd__InlineOutputs outputs;
+    ProtobufCBinaryData out_data[ATTND_HANDLES_MAX_OUT]; /* heap data */
+    Attnd__StatusReply status;
+} attnd_ops_reply;
+
+/* Allocate the cache pools and the linear state on backend be (which must outlive ops). */
+attnd_err attnd_ops_alloc(attnd_ops **o, const attnd_config *cfg, attnd_backend *be,
+                          int32_t units, attnd_log *lg);
+/* Release every sequence, step, session and pool. */
+void attnd_ops_free(attnd_ops *o);
+
+/* Handle one decoded request from connection pipe (nng_pipe_id), queued for age_ms. r was
+ * initialised. pipe 0: the connection is already gone (a Hello then opens no session that
+ * nothing would ever reclaim). */
+void attnd_ops_handle(attnd_ops *o, const Attnd__Request *req, uint32_t pipe, uint64_t age_ms,
+                      attnd_ops_reply *r);
+/* Count a reply by code (any thread). */
+void attnd_ops_count(attnd_ops *o, attnd_err code);
+
+/* Control events (executor thread). */
+void attnd_ops_pipe_closed(attnd_ops *o, uint32_t pipe);
+/* Reclaim sessions whose connection dropped more than limits.reclaim_timeout_ms ago. */
+void attnd_ops_sweep(attnd_ops *o);
+/* Apply the live keys of a validated configuration (limits, token). */
+void attnd_ops_apply_live(attnd_ops *o, const attnd_config *cfg);
+/* One key=value stats line at info level. */
+void attnd_ops_log_stats(attnd_ops *o);
+
+/* ---------------------------------------------------------------- replies */
+void attnd_ops_reply_init(attnd_ops_reply *r, uint64_t id);
+void attnd_ops_reply_fini(attnd_ops_reply *r);
+/* Set the reply's code and message; returns code. */
+attnd_err attnd_ops_fail(attnd_ops_reply *r, attnd_err code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A kernel's error as a reply: "<what>: <backend message>". */
+attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code,
+                                const char *what);
+/* Move hr's INLINE outputs into the reply (body outputs), in the order they were resolved. */
+void attnd_ops_take_outputs(attnd_ops_reply *r, attnd_handles_req *hr);
+/* Resolve a reference; on error the reply carries it. */
+attnd_err attnd_ops_resolve(attnd_ops_reply *r, attnd_handles_req *hr, const Attnd__TensorRef *ref,
+                            const attnd_tref_spec *spec, attnd_tensor *t);
+/* Start a per-request handle context over s's regions; INVALID_ARGUMENT when the INLINE input
+ * bytes of refs exceed limits.max_inline_bytes. */
+attnd_err attnd_ops_handles_begin(attnd_ops *o, attnd_session *s, attnd_ops_reply *r,
+                                  attnd_handles_req *hr, const Attnd__TensorRef *const *refs,
+                                  size_t nrefs);
+
+/* ---------------------------------------------------------------- backend memory helpers */
+/* Host data the kernels read: used in place on host backends, copied to device memory
+ * otherwise (*dev != host then; release with attnd_ops_release). */
+attnd_err attnd_ops_upload(attnd_ops *o, const void *host, size_t bytes, void **dev);
+void attnd_ops_release(attnd_ops *o, void *dev, const void *host);
+attnd_err attnd_ops_zero(attnd_ops *o, void *dev, size_t bytes);
+/* Bytes of one layer's K (or V) block. */
+size_t attnd_ops_block_bytes(const attnd_ops *o);
+/* Bytes of one linear state slot (heads x dim x dim f32). */
+size_t attnd_ops_linear_slot_bytes(const attnd_ops *o);
+
+uint64_t attnd_ops_now_ms(void);
+
+#endif

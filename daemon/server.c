@@ -1,0 +1,476 @@
+#include "server.h"
+
+#include <grp.h>
+#include <pthread.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "observe.h"
+
+enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
+
+typedef struct srv_slot {
+    attnd_server *srv;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int state; /* handed between the NNG callback and the executor through the queue */
+    Attnd__Request *req;
+    uint32_t pipe;
+    uint64_t t_recv_ms;
+    uint64_t t_recv_ns;           /* for the latency histogram */
+    attnd_metrics_req req_type;   /* for the request counters */
+    attnd_ops_reply reply;
+} srv_slot;
+
+struct attnd_server {
+    attnd_log *log;
+    attnd_ops *ops;
+    attnd_exec *ex;
+    nng_socket sock;
+    nng_listener listeners[2];
+    int nlisteners;
+    srv_slot *slots;
+    uint32_t nslots, queue_depth;
+    atomic_int draining, stopping;
+    atomic_uint busy;
+    pthread_mutex_t pipes_mu; /* live connections, sorted: NNG callbacks add and remove, the */
+    uint32_t *pipes;          /* executor asks (a Hello from a closed one opens no session) */
+    uint32_t npipes, pipes_cap;
+    attnd_observe *obs; /* metrics and log rate limiting; NULL = none */
+};
+
+static attnd_err map_nng(int rv)
+{
+    switch (rv) {
+    case 0: return ATTND_ERR_OK;
+    case NNG_ENOMEM: return ATTND_ERR_NO_MEMORY;
+    case NNG_EADDRINUSE: return ATTND_ERR_UNAVAILABLE;
+    case NNG_EADDRINVAL:
+    case NNG_EINVAL:
+    case NNG_ENOTSUP: return ATTND_ERR_INVALID_ARGUMENT;
+    case NNG_ENOENT: return ATTND_ERR_NOT_FOUND;
+    case NNG_EPERM: return ATTND_ERR_PERMISSION_DENIED;
+    default: return ATTND_ERR_INTERNAL;
+    }
+}
+
+/* ---------------------------------------------------------------- live connections */
+
+/* Index of id in the sorted set, or where it would go. Caller holds pipes_mu. */
+static uint32_t pipes_find(const attnd_server *srv, uint32_t id)
+{
+    uint32_t lo = 0, hi = srv->npipes;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (srv->pipes[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void pipes_add(attnd_server *srv, uint32_t id)
+{
+    pthread_mutex_lock(&srv->pipes_mu);
+    if (srv->npipes == srv->pipes_cap) {
+        uint32_t cap = srv->pipes_cap ? srv->pipes_cap * 2 : 64;
+        uint32_t *np = realloc(srv->pipes, (size_t)cap * sizeof *np);
+        if (np == NULL) goto done; /* its Hello will be refused as from a closed connection */
+        srv->pipes = np;
+        srv->pipes_cap = cap;
+    }
+    uint32_t i = pipes_find(srv, id);
+    memmove(srv->pipes + i + 1, srv->pipes + i, (size_t)(srv->npipes - i) * sizeof(uint32_t));
+    srv->pipes[i] = id;
+    srv->npipes++;
+done:
+    pthread_mutex_unlock(&srv->pipes_mu);
+}
+
+static void pipes_remove(attnd_server *srv, uint32_t id)
+{
+    pthread_mutex_lock(&srv->pipes_mu);
+    uint32_t i = pipes_find(srv, id);
+    if (i < srv->npipes && srv->pipes[i] == id) {
+        srv->npipes--;
+        memmove(srv->pipes + i, srv->pipes + i + 1, (size_t)(srv->npipes - i) * sizeof(uint32_t));
+    }
+    pthread_mutex_unlock(&srv->pipes_mu);
+}
+
+static int pipes_has(attnd_server *srv, uint32_t id)
+{
+    pthread_mutex_lock(&srv->pipes_mu);
+    uint32_t i = pipes_find(srv, id);
+    int has = i < srv->npipes && srv->pipes[i] == id;
+    pthread_mutex_unlock(&srv->pipes_mu);
+    return has;
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static void slot_recv(srv_slot *sl)
+{
+    sl->state = SLOT_RECV;
+    nng_ctx_recv(sl->ctx, sl->aio);
+}
+
+/* Pack and send; a reply that cannot be allocated is replaced by a small NO_MEMORY one. */
+static void slot_send(srv_slot *sl, Attnd__Reply *rep)
+{
+    attnd_server *srv = sl->srv;
+    Attnd__Reply small = ATTND__REPLY__INIT;
+    nng_msg *m = NULL;
+    size_t n = attnd__reply__get_packed_size(rep);
+    if (nng_msg_alloc(&m, n) != 0) {
+        small.id = rep->id;
+        small.code = ATTND_ERR_NO_MEMORY;
+        small.message = (char *)"reply: out of memory";
+        rep = &small;
+        n = attnd__reply__get_packed_size(rep);
+        if (nng_msg_alloc(&m, n) != 0) {
+            /* nothing to send with: a new recv drops the request, the client times out */
+            ATTND_LOG(srv->log, ATTND_LOG_ERROR, "event=reply_dropped id=%llu reason=no_memory",
+                      (unsigned long long)rep->id);
+            if (srv->obs) {
+                attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs),
+                                        ATTND_METRICS_GAUGE_INFLIGHT, -1);
+                attnd_metrics_event(attnd_observe_metrics(srv->obs),
+                                    ATTND_METRICS_EVENT_DROPPED_MESSAGES);
+            }
+            atomic_fetch_sub(&srv->busy, 1);
+            slot_recv(sl);
+            return;
+        }
+    }
+    attnd__reply__pack(rep, nng_msg_body(m));
+    attnd_ops_count(srv->ops, (attnd_err)rep->code);
+    if (srv->obs) {
+        attnd_metrics *mt = attnd_observe_metrics(srv->obs);
+        attnd_metrics_request(mt, sl->req_type, rep->code, attnd_metrics_now_ns() - sl->t_recv_ns);
+        attnd_metrics_wire(mt, 0, n);
+        attnd_metrics_gauge_add(mt, ATTND_METRICS_GAUGE_INFLIGHT, -1);
+        if (sl->req_type == ATTND_METRICS_REQ_HELLO && rep->code == ATTND_ERR_OK)
+            attnd_metrics_event(mt, ATTND_METRICS_EVENT_SESSIONS_OPENED);
+        if (sl->req_type == ATTND_METRICS_REQ_HELLO && rep->code == ATTND_ERR_PERMISSION_DENIED)
+            attnd_metrics_event(mt, ATTND_METRICS_EVENT_AUTH_FAILURES);
+    }
+    sl->state = SLOT_SEND;
+    nng_aio_set_msg(sl->aio, m);
+    nng_ctx_send(sl->ctx, sl->aio);
+}
+
+static void slot_send_error(srv_slot *sl, uint64_t id, attnd_err code, const char *msg)
+{
+    Attnd__Reply rep = ATTND__REPLY__INIT;
+    rep.id = id;
+    rep.code = (uint32_t)code;
+    rep.message = (char *)msg;
+    char key[48];
+    uint64_t suppressed = 0;
+    /* a client sending garbage in a loop costs one line per second per code, not one per message */
+    snprintf(key, sizeof key, "request:%s", attnd_err_name(code));
+    if (sl->srv->obs == NULL || attnd_observe_log_allowed(sl->srv->obs, key, &suppressed))
+        ATTND_LOG(sl->srv->log, ATTND_LOG_INFO,
+                  "event=request id=%llu code=%s msg=\"%s\" suppressed=%llu",
+                  (unsigned long long)id, attnd_err_name(code), msg,
+                  (unsigned long long)suppressed);
+    slot_send(sl, &rep);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+/* First unknown field anywhere in the message tree (0 when none). */
+static uint32_t find_unknown(const ProtobufCMessage *m, const char **where)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    uint32_t tag;
+    if (m->n_unknown_fields) {
+        *where = d->name;
+        return m->unknown_fields[0].tag;
+    }
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t cnt = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *arr = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t j = 0; j < cnt; j++)
+                if (arr[j] && (tag = find_unknown(arr[j], where))) return tag;
+            continue;
+        }
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue;
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + f->offset);
+        if (sub && (tag = find_unknown(sub, where))) return tag;
+    }
+    return 0;
+}
+
+static void server_exec_cb(void *arg, uint64_t value)
+{
+    srv_slot *sl = arg;
+    attnd_server *srv = sl->srv;
+    (void)value;
+    attnd_ops_reply_init(&sl->reply, sl->req->id);
+    /* control events run before queued requests: a connection may be gone already */
+    uint32_t pipe = pipes_has(srv, sl->pipe) ? sl->pipe : 0;
+    attnd_ops_handle(srv->ops, sl->req, pipe, attnd_ops_now_ms() - sl->t_recv_ms, &sl->reply);
+    slot_send(sl, &sl->reply.reply);
+    attnd_ops_reply_fini(&sl->reply);
+    attnd__request__free_unpacked(sl->req, NULL);
+    sl->req = NULL;
+}
+
+Attnd__Request *attnd_server_decode(const void *buf, size_t len, uint64_t *id, attnd_err *code,
+                                    char *msg, size_t n)
+{
+    const char *where = "";
+    uint32_t tag;
+    *id = 0;
+    *code = ATTND_ERR_PROTOCOL;
+    Attnd__Request *req = attnd__request__unpack(NULL, len, buf);
+    if (req == NULL) {
+        snprintf(msg, n, "request: %zu bytes are not an attnd.Request", len);
+        return NULL;
+    }
+    *id = req->id;
+    if ((tag = find_unknown(&req->base, &where))) {
+        attnd__request__free_unpacked(req, NULL);
+        snprintf(msg, n, "request: unknown field %u in %s", tag, where);
+        return NULL;
+    }
+    *code = ATTND_ERR_OK;
+    return req;
+}
+
+static void slot_on_request(srv_slot *sl)
+{
+    attnd_server *srv = sl->srv;
+    nng_msg *msg = nng_aio_get_msg(sl->aio);
+    char text[160];
+    uint64_t id;
+    attnd_err code;
+    sl->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
+    sl->t_recv_ms = attnd_ops_now_ms();
+    sl->t_recv_ns = attnd_metrics_now_ns();
+    atomic_fetch_add(&srv->busy, 1);
+    size_t len = nng_msg_len(msg);
+    Attnd__Request *req = attnd_server_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
+    nng_msg_free(msg);
+    /* every received message is answered by slot_send, which counts it out again */
+    sl->req_type = attnd_metrics_req_from_field(req ? (uint32_t)req->body_case : 0);
+    if (srv->obs) {
+        attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_INFLIGHT, 1);
+        attnd_metrics_wire(attnd_observe_metrics(srv->obs), len, 0);
+    }
+    if (req == NULL) {
+        slot_send_error(sl, id, code, text);
+        return;
+    }
+    if (atomic_load(&srv->draining)) {
+        attnd__request__free_unpacked(req, NULL);
+        slot_send_error(sl, id, ATTND_ERR_UNAVAILABLE, "daemon: shutting down");
+        return;
+    }
+    sl->req = req;
+    sl->state = SLOT_WAIT; /* before submit: the executor may run it at once */
+    if (attnd_exec_submit(srv->ex, server_exec_cb, sl) != ATTND_ERR_OK) {
+        sl->req = NULL;
+        attnd__request__free_unpacked(req, NULL);
+        snprintf(text, sizeof text, "queue: full (server.queue_depth = %u), retry", srv->queue_depth);
+        slot_send_error(sl, id, ATTND_ERR_UNAVAILABLE, text);
+    }
+}
+
+static void server_slot_cb(void *arg)
+{
+    srv_slot *sl = arg;
+    attnd_server *srv = sl->srv;
+    int rv = nng_aio_result(sl->aio);
+    if (sl->state == SLOT_SEND) {
+        if (rv != 0) nng_msg_free(nng_aio_get_msg(sl->aio));
+        atomic_fetch_sub(&srv->busy, 1);
+        if (!atomic_load(&srv->stopping)) slot_recv(sl);
+        return;
+    }
+    if (rv != 0) {
+        /* closed or cancelled: we are stopping; anything else: keep serving */
+        if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && !atomic_load(&srv->stopping))
+            slot_recv(sl);
+        return;
+    }
+    if (atomic_load(&srv->stopping)) {
+        nng_msg_free(nng_aio_get_msg(sl->aio));
+        return;
+    }
+    slot_on_request(sl);
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static void server_pipe_gone_exec(void *arg, uint64_t pipe)
+{
+    attnd_server *srv = arg;
+    attnd_ops_pipe_closed(srv->ops, (uint32_t)pipe);
+}
+
+static void server_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    attnd_server *srv = arg;
+    if (srv->obs && (ev == NNG_PIPE_EV_ADD_POST || ev == NNG_PIPE_EV_REM_POST))
+        attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_CONNECTIONS,
+                                ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        /* draining: refuse new connections here, not by closing the listeners, which would
+         * also close the connections whose replies are still on their way */
+        if (atomic_load(&srv->draining)) nng_pipe_close(p);
+        else pipes_add(srv, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
+        return;
+    }
+    if (ev != NNG_PIPE_EV_REM_POST) return;
+    /* out of the set before the event is posted: whatever the executor runs after this sees
+     * the connection gone, and the event itself comes after any request it let through */
+    pipes_remove(srv, (uint32_t)nng_pipe_id(p));
+    if (attnd_exec_post(srv->ex, server_pipe_gone_exec, srv, (uint64_t)nng_pipe_id(p)) !=
+        ATTND_ERR_OK)
+        ATTND_LOG(srv->log, ATTND_LOG_WARN, "event=pipe_gone_lost pipe=%d", nng_pipe_id(p));
+}
+
+static attnd_err ipc_apply_group(const char *url, const attnd_cfg_server *c, char *err, size_t n)
+{
+    struct group gr, *res = NULL;
+    char buf[4096];
+    if (c->ipc_group[0] == '\0') return ATTND_ERR_OK;
+    if (getgrnam_r(c->ipc_group, &gr, buf, sizeof buf, &res) != 0 || res == NULL) {
+        snprintf(err, n, "server.ipc_group: \"%s\" is not a group", c->ipc_group);
+        return ATTND_ERR_INVALID_ARGUMENT;
+    }
+    if (chown(url + 6, (uid_t)-1, gr.gr_gid) != 0) {
+        snprintf(err, n, "server.ipc_group: cannot chown %s to %s", url + 6, c->ipc_group);
+        return ATTND_ERR_PERMISSION_DENIED;
+    }
+    return ATTND_ERR_OK;
+}
+
+static attnd_err server_listen(attnd_server *srv, const char *key, const char *url,
+                               const attnd_cfg_server *c, char *err, size_t n)
+{
+    nng_listener *l = &srv->listeners[srv->nlisteners];
+    int ipc = strncmp(url, "ipc://", 6) == 0;
+    int rv = nng_listener_create(l, srv->sock, url);
+    if (rv == 0 && ipc)
+        rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)strtol(c->ipc_mode, NULL, 8));
+    if (rv == 0) rv = nng_listener_start(*l, 0);
+    if (rv != 0) {
+        snprintf(err, n, "%s: cannot listen on %s: %s", key, url, nng_strerror(rv));
+        return map_nng(rv);
+    }
+    srv->nlisteners++;
+    ATTND_LOG(srv->log, ATTND_LOG_INFO, "event=listen url=%s", url);
+    return ipc ? ipc_apply_group(url, c, err, n) : ATTND_ERR_OK;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static attnd_err server_open(attnd_server *srv, const attnd_config *cfg, char *err, size_t n)
+{
+    const attnd_cfg_server *c = &cfg->server;
+    attnd_err rv;
+    int nrv = nng_rep0_open(&srv->sock);
+    if (nrv == 0) nrv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, (size_t)c->max_message_bytes);
+    if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, server_pipe_cb, srv);
+    if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, server_pipe_cb, srv);
+    if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, server_pipe_cb, srv);
+    if (nrv != 0) {
+        snprintf(err, n, "server: socket: %s", nng_strerror(nrv));
+        return map_nng(nrv);
+    }
+    for (uint32_t i = 0; i < srv->nslots; i++) {
+        srv_slot *sl = &srv->slots[i];
+        sl->srv = srv;
+        if ((nrv = nng_aio_alloc(&sl->aio, server_slot_cb, sl)) != 0 ||
+            (nrv = nng_ctx_open(&sl->ctx, srv->sock)) != 0) {
+            snprintf(err, n, "server.workers: context %u: %s", i, nng_strerror(nrv));
+            return map_nng(nrv);
+        }
+    }
+    if ((rv = server_listen(srv, "server.listen", c->listen, c, err, n)) != ATTND_ERR_OK) return rv;
+    if (c->listen_tcp[0])
+        return server_listen(srv, "server.listen_tcp", c->listen_tcp, c, err, n);
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_server_alloc(attnd_server **out, const attnd_config *cfg, attnd_ops *ops,
+                             attnd_exec *ex, attnd_log *lg, char *err, size_t n)
+{
+    attnd_err rv;
+    *out = NULL;
+    attnd_server *srv = calloc(1, sizeof *srv);
+    if (srv == NULL) return ATTND_ERR_NO_MEMORY;
+    srv->log = lg;
+    srv->ops = ops;
+    srv->ex = ex;
+    pthread_mutex_init(&srv->pipes_mu, NULL);
+    srv->nslots = cfg->server.workers;
+    srv->queue_depth = cfg->server.queue_depth;
+    srv->slots = calloc(srv->nslots, sizeof *srv->slots);
+    if (srv->slots == NULL) {
+        pthread_mutex_destroy(&srv->pipes_mu);
+        free(srv);
+        return ATTND_ERR_NO_MEMORY;
+    }
+    if ((rv = server_open(srv, cfg, err, n)) != ATTND_ERR_OK) {
+        attnd_server_free(srv);
+        return rv;
+    }
+    *out = srv;
+    return ATTND_ERR_OK;
+}
+
+void attnd_server_set_observe(attnd_server *srv, attnd_observe *obs)
+{
+    srv->obs = obs;
+}
+
+void attnd_server_start(attnd_server *srv)
+{
+    for (uint32_t i = 0; i < srv->nslots; i++) slot_recv(&srv->slots[i]);
+}
+
+void attnd_server_drain(attnd_server *srv)
+{
+    atomic_store(&srv->draining, 1);
+}
+
+uint32_t attnd_server_busy(attnd_server *srv)
+{
+    return atomic_load(&srv->busy);
+}
+
+void attnd_server_free(attnd_server *srv)
+{
+    if (srv == NULL) return;
+    atomic_store(&srv->draining, 1);
+    atomic_store(&srv->stopping, 1);
+    for (uint32_t i = 0; i < srv->nslots; i++)
+        if (srv->slots[i].aio) nng_aio_stop(srv->slots[i].aio);
+    for (uint32_t i = 0; i < srv->nslots; i++) {
+        srv_slot *sl = &srv->slots[i];
+        if (sl->req) attnd__request__free_unpacked(sl->req, NULL); /* queued, never run */
+        if (nng_ctx_id(sl->ctx) > 0) nng_ctx_close(sl->ctx);
+        if (sl->aio) nng_aio_free(sl->aio);
+    }
+    if (nng_socket_id(srv->sock) > 0) nng_close(srv->sock);
+    pthread_mutex_destroy(&srv->pipes_mu);
+    free(srv->pipes);
+    free(srv->slots);
+    free(srv);
+}

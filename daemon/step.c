@@ -1,0 +1,456 @@
+#include "step.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics.h"
+#include "sched.h"
+
+#define DT(x) (1u << ATTND_DTYPE_##x)
+#define DT_FLOAT (DT(F32) | DT(F16) | DT(BF16))
+
+typedef struct attnd_step {
+    uint64_t id, owner;
+    uint32_t nseqs;
+    attnd_seq **seqs;
+    void *ws; /* host plan workspace */
+    attnd_plan plan;
+    void *dev_index; /* the plan's index arrays where the backend reads them */
+    void *ws3d;      /* backend workspace of the 3D launches */
+    uint8_t *written; /* [num_layers]: an Attend wrote this layer's K/V */
+    struct attnd_step *next;
+} attnd_step;
+
+static void step_destroy(attnd_ops *o, attnd_step *st)
+{
+    attnd_ops_release(o, st->dev_index, st->ws);
+    attnd_backend_free(o->be, st->ws3d);
+    free(st->ws);
+    free(st->written);
+    free(st->seqs);
+    free(st);
+}
+
+/* Commit or abort every sequence of the step, then free it. */
+static void step_finish(attnd_ops *o, attnd_step *st, int commit)
+{
+    for (uint32_t i = 0; i < st->nseqs; i++) {
+        if (commit) attnd_cache_commit(o->cache, st->seqs[i]);
+        else attnd_cache_abort(o->cache, st->seqs[i]);
+        st->seqs[i]->step = 0;
+    }
+    attnd_step **pp = &o->steps;
+    while (*pp && *pp != st) pp = &(*pp)->next;
+    if (*pp) *pp = st->next;
+    step_destroy(o, st);
+}
+
+static attnd_step *step_find(attnd_ops *o, uint64_t owner, uint64_t id)
+{
+    for (attnd_step *st = o->steps; st; st = st->next)
+        if (st->id == id && st->owner == owner) return st;
+    return NULL;
+}
+
+uint64_t attnd_step_count(const attnd_ops *o)
+{
+    uint64_t n = 0;
+    for (const attnd_step *st = o->steps; st; st = st->next) n++;
+    return n;
+}
+
+void attnd_step_abort_session(attnd_ops *o, attnd_session *s)
+{
+    attnd_step *st = o->steps;
+    while (st) {
+        attnd_step *next = st->next;
+        if (st->owner == s->id) step_finish(o, st, 0);
+        st = next;
+    }
+    s->nsteps = 0;
+}
+
+void attnd_step_free_all(attnd_ops *o)
+{
+    while (o->steps) step_finish(o, o->steps, 0);
+}
+
+/* ---------------------------------------------------------------- BeginStep */
+
+/* Look every sequence up and check it can join step id; marks them with the id (so a
+ * duplicate shows), unmarked again by the caller on failure. */
+static attnd_err begin_validate(attnd_ops *o, attnd_session *s, const Attnd__BeginStep *m,
+                                uint64_t id, attnd_step *st, attnd_ops_reply *r)
+{
+    uint64_t total = 0;
+    uint64_t cap = (uint64_t)o->geo.max_blocks_per_seq * o->geo.block_size;
+    for (size_t i = 0; i < m->n_seqs; i++) {
+        const Attnd__StepSeq *e = m->seqs[i];
+        attnd_seq *q = e->seq_id ? attnd_cache_find(o->cache, s->id, e->seq_id) : NULL;
+        if (q == NULL)
+            return attnd_ops_fail(r, e->seq_id ? ATTND_ERR_NOT_FOUND : ATTND_ERR_INVALID_ARGUMENT,
+                                  "seqs[%zu].seq_id: %llu %s", i, (unsigned long long)e->seq_id,
+                                  e->seq_id ? "not found in this session" : "is reserved");
+        if (q->step == id)
+            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs[%zu].seq_id: %llu listed twice",
+                                  i, (unsigned long long)q->id);
+        if (q->step)
+            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                                  "seqs[%zu].seq_id: %llu is in open step %llu", i,
+                                  (unsigned long long)q->id, (unsigned long long)q->step);
+        if (e->new_tokens == 0)
+            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs[%zu].new_tokens: 0", i);
+        if ((uint64_t)q->num_tokens + e->new_tokens > cap)
+            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                                  "seqs[%zu].new_tokens: %u on %u tokens exceeds %llu "
+                                  "(geometry.max_blocks_per_seq x block_size)",
+                                  i, e->new_tokens, q->num_tokens, (unsigned long long)cap);
+        total += e->new_tokens;
+        q->step = id;
+        st->seqs[st->nseqs++] = q;
+    }
+    if (total > o->limits.max_step_tokens)
+        return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                              "seqs: %llu new tokens, over limits.max_step_tokens (%u)",
+                              (unsigned long long)total, o->limits.max_step_tokens);
+    return ATTND_ERR_OK;
+}
+
+static attnd_err copy_block(attnd_ops *o, int32_t src, int32_t dst)
+{
+    size_t b = attnd_ops_block_bytes(o);
+    attnd_err rv = ATTND_ERR_OK;
+    for (uint32_t l = 0; l < o->geo.num_layers && rv == ATTND_ERR_OK; l++) {
+        char *k = o->k_cache[l], *v = o->v_cache[l];
+        rv = attnd_backend_memcpy(o->be, k + (size_t)dst * b, k + (size_t)src * b, b,
+                                  ATTND_MEMCPY_D2D);
+        if (rv == ATTND_ERR_OK)
+            rv = attnd_backend_memcpy(o->be, v + (size_t)dst * b, v + (size_t)src * b, b,
+                                      ATTND_MEMCPY_D2D);
+    }
+    return rv;
+}
+
+/* Reserve every sequence's tokens (all or nothing) and copy shared partial blocks. */
+static attnd_err begin_reserve(attnd_ops *o, const Attnd__BeginStep *m, attnd_step *st,
+                               attnd_ops_reply *r)
+{
+    attnd_cache_copy cow;
+    attnd_err rv;
+    for (uint32_t i = 0; i < st->nseqs; i++) {
+        rv = attnd_cache_reserve(o->cache, st->seqs[i], m->seqs[i]->new_tokens, &cow);
+        if (rv == ATTND_ERR_OK && cow.src >= 0 && (rv = copy_block(o, cow.src, cow.dst)) != ATTND_ERR_OK) {
+            attnd_cache_abort(o->cache, st->seqs[i]);
+            return attnd_ops_kernel_fail(o, r, rv, "copy-on-write");
+        }
+        if (rv != ATTND_ERR_OK)
+            return attnd_ops_fail(r, rv, "seqs[%u].new_tokens: %u: %s (%u blocks free)", i,
+                                  m->seqs[i]->new_tokens, attnd_strerror(rv),
+                                  attnd_cache_blocks_free(o->cache));
+    }
+    return ATTND_ERR_OK;
+}
+
+static attnd_err begin_plan(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
+{
+    attnd_sched_opts so = {(int32_t)o->geo.block_size, (int32_t)o->geo.num_q_heads,
+                           (int32_t)o->geo.num_kv_heads, (int32_t)o->geo.head_size, o->units};
+    attnd_sched_seq *in = calloc(st->nseqs, sizeof *in);
+    attnd_err rv = ATTND_ERR_NO_MEMORY;
+    if (in == NULL) goto done;
+    for (uint32_t i = 0; i < st->nseqs; i++) {
+        const attnd_seq *q = st->seqs[i];
+        in[i] = (attnd_sched_seq){q->num_tokens, q->pend_tokens, q->blocks, q->nblocks};
+    }
+    size_t bytes = attnd_sched_workspace_size(in, (int32_t)st->nseqs, &so);
+    if (bytes == 0 || (st->ws = malloc(bytes)) == NULL) goto done;
+    if ((rv = attnd_sched_plan(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes))) goto done;
+    if ((rv = attnd_ops_upload(o, st->ws, st->plan.index_bytes, &st->dev_index))) goto done;
+    if (st->plan.workspace_3d)
+        rv = attnd_backend_alloc(o->be, st->plan.workspace_3d, &st->ws3d);
+done:
+    free(in);
+    return rv == ATTND_ERR_OK ? rv : attnd_ops_fail(r, rv, "step: planning failed: %s",
+                                                     attnd_strerror(rv));
+}
+
+static attnd_err begin_reply(attnd_step *st, attnd_ops_reply *r)
+{
+    Attnd__BeginStepReply *b = &r->step;
+    attnd__begin_step_reply__init(b);
+    b->query_start_loc = malloc((size_t)(st->nseqs + 1) * sizeof(uint32_t));
+    if (b->query_start_loc == NULL)
+        return attnd_ops_fail(r, ATTND_ERR_NO_MEMORY, "step: out of memory");
+    for (uint32_t i = 0; i <= st->nseqs; i++)
+        b->query_start_loc[i] = (uint32_t)st->plan.query_start_loc[i];
+    b->n_query_start_loc = st->nseqs + 1;
+    b->step = st->id;
+    b->num_tokens = (uint32_t)st->plan.num_tokens;
+    r->reply.body_case = ATTND__REPLY__BODY_STEP;
+    r->reply.step = b;
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_step_begin(attnd_ops *o, attnd_session *s, const Attnd__BeginStep *m,
+                           attnd_ops_reply *r)
+{
+    attnd_err rv;
+    if (m->n_seqs == 0) return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs: empty");
+    if (m->n_seqs > o->limits.max_seqs)
+        return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs: %zu entries, over "
+                              "limits.max_seqs (%u)", m->n_seqs, o->limits.max_seqs);
+    if (s->nsteps >= o->limits.max_steps)
+        return attnd_ops_fail(r, ATTND_ERR_UNAVAILABLE, "step: session has limits.max_steps (%u) "
+                              "open", o->limits.max_steps);
+    attnd_step *st = calloc(1, sizeof *st);
+    if (st == NULL || (st->seqs = calloc(m->n_seqs, sizeof *st->seqs)) == NULL ||
+        (st->written = calloc(o->geo.num_layers, 1)) == NULL) {
+        if (st) free(st->seqs);
+        free(st);
+        return attnd_ops_fail(r, ATTND_ERR_NO_MEMORY, "step: out of memory");
+    }
+    st->id = o->next_step;
+    st->owner = s->id;
+    if ((rv = begin_validate(o, s, m, st->id, st, r)) == ATTND_ERR_OK &&
+        (rv = begin_reserve(o, m, st, r)) == ATTND_ERR_OK &&
+        (rv = begin_plan(o, st, r)) == ATTND_ERR_OK)
+        rv = begin_reply(st, r);
+    st->next = o->steps;
+    o->steps = st;
+    if (rv != ATTND_ERR_OK) {
+        step_finish(o, st, 0); /* aborts what was reserved, unmarks the sequences */
+        return rv;
+    }
+    o->next_step++;
+    s->nsteps++;
+    return ATTND_ERR_OK;
+}
+
+/* ---------------------------------------------------------------- Attend */
+
+typedef struct attend_io {
+    attnd_tensor q, k, v, out, lse;
+} attend_io;
+
+static attnd_err attend_resolve(attnd_ops *o, attnd_step *st, const Attnd__Attend *m,
+                                attnd_handles_req *hr, attend_io *io, attnd_ops_reply *r)
+{
+    int64_t T = st->plan.num_tokens, Hq = o->geo.num_q_heads, Hk = o->geo.num_kv_heads;
+    int64_t D = o->geo.head_size;
+    const attnd_tref_spec sq = {"q", DT_FLOAT, 3, {T, Hq, D}, 0, 0};
+    const attnd_tref_spec sk = {"k_new", DT_FLOAT, 3, {T, Hk, D}, 0, 0};
+    const attnd_tref_spec sv = {"v_new", DT_FLOAT, 3, {T, Hk, D}, 0, 0};
+    const attnd_tref_spec so = {"out", DT_FLOAT, 3, {T, Hq, D}, 1, 0};
+    const attnd_tref_spec sl = {"out_lse", DT(F32), 2, {Hq, T}, 1, 1};
+    attnd_err rv;
+    if ((rv = attnd_ops_resolve(r, hr, m->q, &sq, &io->q))) return rv;
+    if ((rv = attnd_ops_resolve(r, hr, m->k_new, &sk, &io->k))) return rv;
+    if ((rv = attnd_ops_resolve(r, hr, m->v_new, &sv, &io->v))) return rv;
+    if ((rv = attnd_ops_resolve(r, hr, m->out, &so, &io->out))) return rv;
+    return attnd_ops_resolve(r, hr, m->out_lse, &sl, &io->lse);
+}
+
+/* A plan array as the backend sees it. */
+static attnd_tensor plan_tensor(const attnd_step *st, const void *host, attnd_dtype dt,
+                                int32_t ndim, const int64_t *shape)
+{
+    attnd_tensor t;
+    size_t off = (size_t)((const char *)host - (const char *)st->ws);
+    attnd_tensor_init(&t, (char *)st->dev_index + off, dt, ndim, shape);
+    return t;
+}
+
+static attnd_tensor cache_tensor(const attnd_ops *o, void *base)
+{
+    attnd_tensor t;
+    int64_t shape[4] = {o->geo.num_blocks, o->geo.block_size, o->geo.num_kv_heads,
+                        o->geo.head_size};
+    attnd_tensor_init(&t, base, (attnd_dtype)o->geo.cache_dtype, 4, shape);
+    return t;
+}
+
+/* Sub-view of dimension d: [first, first + n). */
+static attnd_tensor slice(attnd_tensor t, int32_t d, int64_t first, int64_t n)
+{
+    if (t.data == NULL) return t;
+    t.data = (char *)t.data + first * t.strides[d] * (int64_t)attnd_dtype_size(t.dtype);
+    t.shape[d] = n;
+    return t;
+}
+
+static void launch_params(const attnd_ops *o, const attnd_step *st, uint32_t layer,
+                          const attnd_launch *l, const attend_io *io, attnd_paged_params *p)
+{
+    const attnd_plan *pl = &st->plan;
+    int64_t bt[2] = {l->nseqs, pl->table_width}, ns[1] = {l->nseqs}, nq[1] = {l->nseqs + 1};
+    int64_t hq[1] = {o->geo.num_q_heads};
+    memset(p, 0, sizeof *p);
+    p->q = slice(io->q, 0, l->row0, l->nrows);
+    p->out = slice(io->out, 0, l->row0, l->nrows);
+    p->out_lse = slice(io->lse, 1, l->row0, l->nrows);
+    p->k_cache = cache_tensor(o, o->k_cache[layer]);
+    p->v_cache = cache_tensor(o, o->v_cache[layer]);
+    p->block_tables = plan_tensor(st, pl->block_tables + (size_t)l->seq0 * pl->table_width,
+                                  ATTND_DTYPE_I32, 2, bt);
+    p->seq_lens = plan_tensor(st, pl->seq_lens + l->seq0, ATTND_DTYPE_I32, 1, ns);
+    p->query_start_loc = plan_tensor(st, pl->qsl_local + l->qsl_off, ATTND_DTYPE_I32, 1, nq);
+    if (o->alibi) attnd_tensor_init(&p->alibi_slopes, o->alibi, ATTND_DTYPE_F32, 1, hq);
+    p->scale = o->scale;
+    p->k_scale = o->geo.k_scale;
+    p->v_scale = o->geo.v_scale;
+    p->softcap = o->geo.softcap;
+    p->sliding_window = (int32_t)o->geo.sliding_window;
+    p->max_query_len = l->max_query_len;
+    p->max_seq_len = l->max_seq_len;
+}
+
+/* ---------------------------------------------------------------- kernel metrics */
+
+typedef struct kernel_clock {
+    uint64_t t, ns[ATTND_METRICS_KERNEL_COUNT], bytes[ATTND_METRICS_KERNEL_COUNT];
+    int last;
+} kernel_clock;
+
+static uint64_t tensor_bytes(const attnd_tensor *t)
+{
+    int64_t n = attnd_tensor_numel(t);
+    return t->data != NULL && n > 0 ? (uint64_t)n * attnd_dtype_size(t->dtype) : 0;
+}
+
+/* Charge the time since the last mark (and bytes) to kind. */
+static void clock_mark(kernel_clock *kc, int kind, uint64_t bytes)
+{
+    uint64_t now = attnd_metrics_now_ns();
+    kc->ns[kind] += now - kc->t;
+    kc->bytes[kind] += bytes;
+    kc->t = now;
+    kc->last = kind;
+}
+
+/* KV rows a launch reads, at most: every sequence at the launch's longest length. */
+static uint64_t launch_kv_bytes(const attnd_ops *o, const attnd_launch *l)
+{
+    return (uint64_t)l->nseqs * (uint64_t)l->max_seq_len * o->geo.num_kv_heads *
+           o->geo.head_size * attnd_dtype_size((attnd_dtype)o->geo.cache_dtype) * 2u;
+}
+
+static void clock_report(const attnd_ops *o, const kernel_clock *kc)
+{
+    if (o->metrics == NULL) return;
+    for (int k = 0; k < ATTND_METRICS_KERNEL_COUNT; k++)
+        if (kc->ns[k] != 0 || kc->bytes[k] != 0)
+            attnd_metrics_kernel(o->metrics, (attnd_metrics_kernel_kind)k, kc->ns[k],
+                                 kc->bytes[k]);
+}
+
+static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const attend_io *io,
+                            attnd_ops_reply *r)
+{
+    attnd_cache_write_params cw = {0};
+    int64_t nt[1] = {st->plan.num_tokens};
+    attnd_err rv;
+    kernel_clock kc = {.t = attnd_metrics_now_ns()};
+    cw.key = io->k;
+    cw.value = io->v;
+    cw.k_cache = cache_tensor(o, o->k_cache[layer]);
+    cw.v_cache = cache_tensor(o, o->v_cache[layer]);
+    cw.slot_mapping = plan_tensor(st, st->plan.slot_mapping, ATTND_DTYPE_I64, 1, nt);
+    cw.k_scale = o->geo.k_scale;
+    cw.v_scale = o->geo.v_scale;
+    if ((rv = attnd_cache_write(o->be, &cw)) != ATTND_ERR_OK)
+        return attnd_ops_kernel_fail(o, r, rv, "cache_write");
+    st->written[layer] = 1;
+    clock_mark(&kc, ATTND_METRICS_KERNEL_CACHE_WRITE,
+               2 * (tensor_bytes(&cw.key) + tensor_bytes(&cw.value)));
+    for (int32_t i = 0; i < st->plan.num_launches; i++) {
+        const attnd_launch *l = &st->plan.launches[i];
+        attnd_paged_params p;
+        launch_params(o, st, layer, l, io, &p);
+        if (l->kind == ATTND_LAUNCH_3D)
+            rv = attnd_paged_attention_3d(o->be, &p, l->num_segments, st->ws3d);
+        else
+            rv = attnd_paged_attention_2d(o->be, &p);
+        if (rv != ATTND_ERR_OK)
+            return attnd_ops_kernel_fail(o, r, rv, l->kind == ATTND_LAUNCH_3D
+                                                       ? "paged_attention_3d"
+                                                       : "paged_attention_2d");
+        clock_mark(&kc, l->kind == ATTND_LAUNCH_3D ? ATTND_METRICS_KERNEL_PAGED_3D
+                                                   : ATTND_METRICS_KERNEL_PAGED_2D,
+                   tensor_bytes(&p.q) + tensor_bytes(&p.out) + launch_kv_bytes(o, l));
+    }
+    /* the reply tells the client its output is ready: wait for the device */
+    if ((rv = attnd_backend_sync(o->be)) != ATTND_ERR_OK)
+        return attnd_ops_kernel_fail(o, r, rv, "sync");
+    clock_mark(&kc, kc.last, 0); /* the device wait belongs to the last kernel queued */
+    clock_report(o, &kc);
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_step_attend(attnd_ops *o, attnd_session *s, const Attnd__Attend *m,
+                            attnd_ops_reply *r)
+{
+    attnd_handles_req hr;
+    attend_io io;
+    attnd_err rv;
+    attnd_step *st = step_find(o, s->id, m->step);
+    if (st == NULL)
+        return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "step: %llu not open in this session",
+                              (unsigned long long)m->step);
+    if (m->layer >= o->geo.num_layers)
+        return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "layer: %u out of range (%u layers)",
+                              m->layer, o->geo.num_layers);
+    const Attnd__TensorRef *refs[] = {m->q, m->k_new, m->v_new, m->out, m->out_lse};
+    if ((rv = attnd_ops_handles_begin(o, s, r, &hr, refs, 5)) != ATTND_ERR_OK) return rv;
+    if ((rv = attend_resolve(o, st, m, &hr, &io, r)) == ATTND_ERR_OK &&
+        (rv = attend_run(o, st, m->layer, &io, r)) == ATTND_ERR_OK)
+        attnd_ops_take_outputs(r, &hr);
+    attnd_handles_req_fini(&hr);
+    return rv;
+}
+
+/* ---------------------------------------------------------------- EndStep */
+
+/* A committed layer that no Attend wrote reads as zeros, never as what an earlier owner of
+ * the blocks (maybe another session) left in those slots. */
+static attnd_err clear_unwritten(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
+{
+    int64_t shape[3] = {st->plan.num_tokens, o->geo.num_kv_heads, o->geo.head_size};
+    int64_t nt[1] = {st->plan.num_tokens};
+    size_t bytes = (size_t)shape[0] * (size_t)shape[1] * (size_t)shape[2] * sizeof(float);
+    void *zeros = NULL, *dev = NULL;
+    attnd_err rv = ATTND_ERR_OK;
+    for (uint32_t l = 0; l < o->geo.num_layers && rv == ATTND_ERR_OK; l++) {
+        attnd_cache_write_params cw = {0};
+        if (st->written[l]) continue;
+        if (zeros == NULL && (zeros = calloc(1, bytes)) == NULL) rv = ATTND_ERR_NO_MEMORY;
+        if (rv == ATTND_ERR_OK && dev == NULL) rv = attnd_ops_upload(o, zeros, bytes, &dev);
+        if (rv != ATTND_ERR_OK) break;
+        attnd_tensor_init(&cw.key, dev, ATTND_DTYPE_F32, 3, shape);
+        cw.value = cw.key;
+        cw.k_cache = cache_tensor(o, o->k_cache[l]);
+        cw.v_cache = cache_tensor(o, o->v_cache[l]);
+        cw.slot_mapping = plan_tensor(st, st->plan.slot_mapping, ATTND_DTYPE_I64, 1, nt);
+        cw.k_scale = o->geo.k_scale;
+        cw.v_scale = o->geo.v_scale;
+        rv = attnd_cache_write(o->be, &cw);
+    }
+    attnd_ops_release(o, dev, zeros);
+    free(zeros);
+    if (rv != ATTND_ERR_OK)
+        return attnd_ops_kernel_fail(o, r, rv, "end_step: clearing a layer no Attend wrote "
+                                               "failed, step aborted");
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_step_end(attnd_ops *o, attnd_session *s, const Attnd__EndStep *m,
+                         attnd_ops_reply *r)
+{
+    attnd_step *st = step_find(o, s->id, m->step);
+    if (st == NULL)
+        return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "step: %llu not open in this session",
+                              (unsigned long long)m->step);
+    attnd_err rv = m->abort ? ATTND_ERR_OK : clear_unwritten(o, st, r);
+    step_finish(o, st, !m->abort && rv == ATTND_ERR_OK);
+    s->nsteps--;
+    return rv;
+}

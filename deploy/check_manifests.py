@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Check deploy/: the Kubernetes manifests and the Containerfile say what the operations docs
+promise (probes on /healthz, non-root, the config from the ConfigMap, the socket in a shared
+host directory, multi-stage CUDA build), and every attnd config they carry is one the daemon
+accepts (`attnd --config FILE --check-config`, when --attnd is given).
+
+usage: check_manifests.py [--attnd BINARY] [DEPLOY_DIR]
+Exit 0 when every check passes, 1 otherwise, 77 (skipped) when PyYAML is missing.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:
+    import yaml
+except ImportError:
+    print("SKIP: PyYAML is not installed (scripts/setup.sh installs python3-yaml)")
+    sys.exit(77)
+
+FAILURES = []
+
+
+def check(cond, what):
+    if cond:
+        print("ok:", what)
+    else:
+        print("FAIL:", what)
+        FAILURES.append(what)
+    return cond
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def daemon_accepts(attnd, name, text):
+    """Run the daemon's config check on one config document."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(text)
+        path = f.name
+    try:
+        r = subprocess.run([attnd, "--config", path, "--check-config"], capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 0, f"the daemon accepts {name}" +
+              ("" if r.returncode == 0 else f": {(r.stdout + r.stderr).strip()}"))
+    finally:
+        os.unlink(path)
+
+
+def check_configmap(deploy, attnd):
+    docs = load(os.path.join(deploy, "k8s", "configmap.yaml"))
+    check(len(docs) == 1 and docs[0]["kind"] == "ConfigMap", "configmap.yaml is one ConfigMap")
+    cm = docs[0]
+    configs = {}
+    for key, text in cm.get("data", {}).items():
+        try:
+            configs[key] = json.loads(text)
+            check(True, f"ConfigMap {key} is JSON")
+        except json.JSONDecodeError as e:
+            check(False, f"ConfigMap {key} is JSON ({e})")
+            continue
+        if attnd:
+            daemon_accepts(attnd, f"ConfigMap {key}", text)
+    return cm["metadata"]["name"], configs
+
+
+def probe_ok(c, kind, port_names):
+    p = c.get(kind) or {}
+    g = p.get("httpGet") or {}
+    return g.get("path") == "/healthz" and g.get("port") in port_names
+
+
+def check_container(c, configs):
+    name = c["name"]
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    for kind in ("readinessProbe", "livenessProbe"):
+        check(probe_ok(c, kind, set(ports) | set(ports.values())),
+              f"{name}: {kind} is GET /healthz on a declared port")
+    sc = c.get("securityContext", {})
+    check(sc.get("allowPrivilegeEscalation") is False, f"{name}: no privilege escalation")
+    check(sc.get("readOnlyRootFilesystem") is True, f"{name}: read-only root filesystem")
+    check("ALL" in sc.get("capabilities", {}).get("drop", []), f"{name}: drops all capabilities")
+    args = c.get("args", [])
+    cfg = args[args.index("--config") + 1] if "--config" in args else None
+    key = os.path.basename(cfg) if cfg else None
+    check(cfg is not None and cfg.startswith("/etc/attnd/") and key in configs,
+          f"{name}: --config {cfg} is a file of the ConfigMap")
+    if key in configs:
+        conf = configs[key]
+        listen = conf.get("server", {}).get("listen", "")
+        check(listen.startswith("ipc:///run/attnd/"), f"{name}: listens in /run/attnd ({listen})")
+        http = conf.get("http", {}).get("listen", "")
+        m = re.match(r"http://0\.0\.0\.0:(\d+)$", http)
+        check(m is not None and int(m.group(1)) in ports.values(),
+              f"{name}: the config's http.listen ({http}) is the probed container port")
+    mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    return mounts
+
+
+def check_daemonset(deploy, cm_name, configs):
+    docs = load(os.path.join(deploy, "k8s", "daemonset.yaml"))
+    check(len(docs) == 1 and docs[0]["kind"] == "DaemonSet", "daemonset.yaml is one DaemonSet")
+    ds = docs[0]
+    check(ds["apiVersion"] == "apps/v1", "DaemonSet is apps/v1")
+    spec = ds["spec"]
+    tmpl = spec["template"]
+    labels = tmpl["metadata"]["labels"]
+    check(all(labels.get(k) == v for k, v in spec["selector"]["matchLabels"].items()),
+          "the selector matches the pod template's labels")
+    pod = tmpl["spec"]
+    psc = pod.get("securityContext", {})
+    check(psc.get("runAsNonRoot") is True and psc.get("runAsUser", 0) != 0,
+          "the pod runs as a non-root user")
+    check(pod.get("hostIPC") is True, "hostIPC: engines' shared memory and CUDA IPC reach it")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    cfg_vols = [n for n, v in vols.items() if v.get("configMap", {}).get("name") == cm_name]
+    check(len(cfg_vols) == 1, f"the config volume is ConfigMap {cm_name}")
+    run_vols = [n for n, v in vols.items() if v.get("hostPath", {}).get("path") == "/run/attnd"]
+    check(len(run_vols) == 1, "the socket directory is the host's /run/attnd")
+    for c in pod["containers"]:
+        check("nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}),
+              f"{c['name']}: requests no nvidia.com/gpu (engines hold the GPUs)")
+        mounts = check_container(c, configs)
+        check(cfg_vols and mounts.get(cfg_vols[0], {}).get("mountPath") == "/etc/attnd"
+              and mounts[cfg_vols[0]].get("readOnly") is True,
+              f"{c['name']}: the config is mounted read-only at /etc/attnd")
+        check(run_vols and mounts.get(run_vols[0], {}).get("mountPath") == "/run/attnd",
+              f"{c['name']}: the socket directory is mounted at /run/attnd")
+
+
+def check_engine_example(deploy):
+    docs = load(os.path.join(deploy, "k8s", "engine-example.yaml"))
+    pod = docs[0]["spec"]
+    check(10001 in pod.get("securityContext", {}).get("supplementalGroups", []),
+          "the engine example joins group 10001 (the socket's group)")
+    check(pod.get("hostIPC") is True, "the engine example shares the host IPC namespace")
+    vols = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/run/attnd"]
+    check(len(vols) == 1, "the engine example mounts the host's /run/attnd")
+
+
+def check_containerfile(deploy, attnd):
+    with open(os.path.join(deploy, "Containerfile")) as f:
+        text = f.read()
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    check(len(froms) == 2 and "-devel-" in froms[0] and "-runtime-" in froms[1],
+          f"Containerfile: builds on the CUDA devel image, runs on the runtime one ({froms})")
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    check(users and not users[-1].startswith(("0", "root")), f"Containerfile: runs as {users}")
+    check(re.search(r"^COPY --from=build ", text, re.M) is not None,
+          "Containerfile: the runtime stage copies only the build stage's output")
+    check(re.search(r'^ENTRYPOINT \["/usr/bin/attnd"\]', text, re.M) is not None,
+          "Containerfile: the entrypoint is the daemon")
+    check(re.search(r"^VOLUME \[\"/run/attnd\"\]", text, re.M) is not None,
+          "Containerfile: the socket directory is a volume")
+    m = re.search(r"install -D -m 0644 (\S+) /out/etc/attnd/attnd.json", text)
+    src = os.path.join(deploy, "..", m.group(1)) if m else None
+    check(src is not None and os.path.exists(src), f"Containerfile: its default config exists ({src})")
+    if src and os.path.exists(src):
+        with open(src) as f:
+            conf_text = f.read()
+        conf = json.loads(conf_text)
+        check(conf.get("server", {}).get("listen") == "ipc:///run/attnd/attnd.sock",
+              "the container's default config listens in the volume")
+        if attnd:
+            daemon_accepts(attnd, m.group(1), conf_text)
+
+
+def main(argv):
+    attnd = None
+    if len(argv) > 1 and argv[1] == "--attnd":
+        attnd = argv[2]
+        argv = argv[:1] + argv[3:]
+    deploy = argv[1] if len(argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    cm_name, configs = check_configmap(deploy, attnd)
+    check_daemonset(deploy, cm_name, configs)
+    check_engine_example(deploy)
+    check_containerfile(deploy, attnd)
+    print(f"{len(FAILURES)} failed" if FAILURES else "all deploy checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,638 @@
+// Paged attention over the block-table KV cache: the math of the 2D (prefill) and 3D (split-KV
+// decode) forms, one kernel template with two tile configurations, plus the segment reduce.
+//
+// Rows. The q heads of one kv group are packed with the query tokens into rows, as the seed
+// does: packed row i of a sequence is query token i / group, q head kv_head * group + i % group.
+// A CTA owns BLOCK_M consecutive packed rows of one sequence and one kv head (and, for 3D, one
+// segment of the context), so every K/V tile it loads serves all q heads of the group.
+//
+// Warps. Prefill: WARPS_M warps split the rows (16 each) and share each K/V tile. Decode:
+// BLOCK_M = 16 rows, WARPS_N warps split each K/V tile's tokens (16 each), keep their own
+// softmax state, and are merged through shared memory at the end.
+//
+// Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
+// with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
+// of the next stage are fetched one stage ahead. fp8 tiles are converted to f16 in shared memory
+// (exactly: every e4m3 value is an f16) with k_scale folded into the logit scale and v_scale
+// into the output. S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; the
+// softmax is online in the log2 domain (exp2), masks are evaluated only on tiles that need them,
+// and tiles a warp cannot see are skipped.
+#ifndef ATTND_CUDA_PAGED_KERNEL_CUH
+#define ATTND_CUDA_PAGED_KERNEL_CUH
+
+#include <stdint.h>
+
+#include "attn_math.cuh"
+#include "tile_sm80.cuh"
+
+// ------------------------------------------------------------------ parameters
+
+enum { ATTND_KV_F16 = 0, ATTND_KV_BF16 = 1, ATTND_KV_FP8 = 2 };
+
+// One plain struct, passed by value. Strides are in elements.
+typedef struct attnd_paged_args {
+    const void *q;
+    int64_t q_s0, q_s1;
+    const void *k, *v;
+    int64_t k_s0, k_s1, k_s2;
+    int64_t v_s0, v_s1, v_s2;
+    int64_t num_blocks;
+    void *out;
+    int64_t o_s0, o_s1;
+    float *lse; /* NULL: not asked for */
+    int64_t lse_s0, lse_s1;
+    const int32_t *block_tables;
+    int64_t bt_s0, bt_s1;
+    const int32_t *seq_lens;
+    int64_t sl_s0;
+    const int32_t *query_start_loc;
+    int64_t qsl_s0;
+    const float *alibi; /* NULL: off */
+    int64_t alibi_s0;
+    float qk_scale;      /* scale * k_scale (fp8): multiplies q.k into natural-log logits */
+    float qk_scale_log2; /* qk_scale * log2(e) */
+    float softcap;       /* > 0: on */
+    float out_scale;     /* v_scale (fp8) or 1 */
+    int32_t plain;       /* no softcap, no ALiBi, qk_scale > 0: the fused fast path */
+    int32_t sliding_window;
+    int32_t num_seqs, num_q_heads, num_kv_heads, group, head_size;
+    int32_t bs_log2;
+    int32_t q_dt, out_dt;
+    int32_t q_vec, out_vec; /* rows aligned for 8-element loads / 4-element stores */
+    int32_t kv_vec16;       /* fp8 cache: 16-byte copies allowed (else two 8-byte copies) */
+    int32_t direct;         /* blockIdx.x is the sequence (each has at most one q-block) */
+    int32_t num_segments;
+    float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
+} attnd_paged_args;
+
+// ------------------------------------------------------------------ tile configuration
+
+template <bool C, typename A, typename B> struct attnd_select {
+    typedef A type;
+};
+template <typename A, typename B> struct attnd_select<false, A, B> {
+    typedef B type;
+};
+
+// VAR selects an alternative prefill tiling (experiments; 0 is the production one):
+//   0: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment), 2 CTAs per SM
+//   1: 8 warps x 16 rows, 1 CTA per SM          2: 4 warps x 16 rows (BLOCK_M 64), 2 CTAs per SM
+template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_traits {
+    static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
+    static constexpr int KV = KV_;
+    static constexpr bool DECODE = DECODE_;
+    static constexpr int VAR = VAR_;
+    static constexpr bool FP8 = KV == ATTND_KV_FP8;
+    // bf16 caches compute in bf16; f16 and fp8 caches in f16 (fp8 -> f16 is exact).
+    typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
+
+    static constexpr bool BIG = D_PAD >= 256;
+    static constexpr int MT = DECODE || BIG || VAR != 0 ? 1 : 2; // m16 tiles per warp
+    static constexpr int WARPS_M = DECODE ? 1 : (BIG || VAR != 1 ? 4 : 8);
+    static constexpr int WARPS_N = DECODE ? 4 : 1;
+    static constexpr int WARPS = WARPS_M * WARPS_N;
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int WROWS = 16 * MT; // rows per warp
+    static constexpr int BLOCK_M = WROWS * WARPS_M;
+    static constexpr int BLOCK_N = DECODE ? 64 : (BIG ? 16 : 64);
+    static constexpr int NW = BLOCK_N / WARPS_N; // tokens a warp handles per tile
+    // ... in steps of SUB (one QK^T / softmax / PV round; two m-tiles keep S at 32 tokens)
+    static constexpr int SUB = MT == 2 ? 32 : NW;
+    static constexpr bool Q_IN_REGS = MT == 1 && D_PAD <= 128;
+    static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
+
+    static constexpr int KV_BYTES = FP8 ? 1 : 2;
+    static constexpr int ROW_RAW = D_PAD * KV_BYTES; // bytes of a K/V row as loaded
+    static constexpr int ROW16 = D_PAD * 2;          // bytes of a 16-bit row
+    static constexpr int CPR = ROW_RAW / 16;         // 16-byte chunks per loaded row
+    static constexpr int TILE_RAW = BLOCK_N * ROW_RAW;
+    static constexpr int ROWS_PER_PASS = THREADS / CPR;
+    static constexpr int LOAD_ITERS = BLOCK_N / ROWS_PER_PASS;
+    // fp8 decode converts K, then V, through one per-warp buffer; prefill keeps both
+    static constexpr int CONV_BYTES = FP8 ? (DECODE ? 1 : 2) * BLOCK_N * ROW16 : 0;
+    static constexpr int Q_BYTES = BLOCK_M * ROW16;
+    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each)
+    static constexpr int NSTAGES_FIT = (113 * 1024 - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
+    static constexpr int NSTAGES = DECODE ? (NSTAGES_FIT < 2 ? (BIG ? 3 : 2)
+                                                              : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT))
+                                          : 2;
+    static constexpr int PIPE_OFF = Q_BYTES;
+    static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
+    static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
+    static constexpr int MAIN_BYTES = CONV_OFF + CONV_BYTES;
+    static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
+    static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
+    static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+
+    static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
+    static_assert(WARPS_M == 1 || WARPS_N == 1, "warps split rows or tokens, not both");
+    static_assert(NW % 16 == 0 && SUB % 16 == 0 && NW % SUB == 0, "whole k16 steps");
+    static_assert(!(FP8 && WARPS_N > 1) || SUB == NW, "per-warp fp8 conversion covers SUB");
+    static_assert(THREADS % CPR == 0 && BLOCK_N % ROWS_PER_PASS == 0, "load slots tile exactly");
+    static_assert(ROW16 % 128 == 0, "swizzle needs rows of >= 8 chunks");
+    static_assert(NSTAGES >= 2, "pipeline depth");
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
+};
+
+// griddepcontrol (programmatic dependent launch, sm_90): let the next kernel on the stream
+// launch / wait for the previous one. No-ops before sm_90.
+__device__ __forceinline__ void attnd_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void attnd_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// fp8 rows [r0, r0 + nrows) of a raw tile (rows of ROW_RAW bytes) -> f16 rows (swizzled, ROW16
+// bytes) of dst, by nthreads threads starting at thread index i0.
+template <class Tr>
+__device__ __forceinline__ void attnd_fp8_tile_to_f16(const unsigned char *raw, unsigned char *dst,
+                                                      int r0, int nrows, int i0, int nthreads)
+{
+    constexpr int CPR = Tr::CPR;
+    for (int c = i0; c < nrows * CPR; c += nthreads) {
+        const int r = r0 + c / CPR, ch = c % CPR;
+        uint4 w4 = *(const uint4 *)(raw + r * Tr::ROW_RAW + ch * 16);
+        uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+        uint32_t h[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+            h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+        }
+        *(uint4 *)(dst + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *(uint4 *)(dst + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+}
+
+// ------------------------------------------------------------------ kernel
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_args p)
+{
+    typedef typename Tr::TC TC;
+    constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
+    constexpr int NW = Tr::NW, ROW16 = Tr::ROW16, ROW_RAW = Tr::ROW_RAW, CPR = Tr::CPR;
+    constexpr int NSTAGES = Tr::NSTAGES, LOAD_ITERS = Tr::LOAD_ITERS, MT = Tr::MT, SUB = Tr::SUB;
+    constexpr int KSTEPS = D_PAD / 16;
+    extern __shared__ __align__(128) unsigned char attnd_smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = Tr::WARPS_N == 1 ? warp : 0;
+    const int wn = Tr::WARPS_N == 1 ? 0 : warp;
+    const int g = p.group;
+
+    // ---- which rows: sequence, q-block, kv head, segment
+    int qb = Tr::REVERSE ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int kvh = blockIdx.y, seg = blockIdx.z;
+    int seq, qb_local;
+    if (p.direct) {
+        seq = qb;
+        qb_local = 0;
+    } else {
+        int lo_s = 0, hi_s = p.num_seqs;
+        while (lo_s < hi_s) {
+            int mid = (lo_s + hi_s) >> 1;
+            int64_t start = (int64_t)p.query_start_loc[mid * p.qsl_s0] * g / BLOCK_M + mid;
+            if (start <= qb)
+                lo_s = mid + 1;
+            else
+                hi_s = mid;
+        }
+        seq = lo_s - 1;
+        if (seq < 0) return;
+        qb_local = qb - (int)((int64_t)p.query_start_loc[seq * p.qsl_s0] * g / BLOCK_M + seq);
+    }
+    const int q_start = p.query_start_loc[seq * p.qsl_s0];
+    const int q_len = p.query_start_loc[(seq + 1) * p.qsl_s0] - q_start;
+    const int rows_total = q_len * g;
+    const int row0 = qb_local * BLOCK_M;
+    if (row0 >= rows_total) return;
+    const int seq_len = p.seq_lens[seq * p.sl_s0];
+    const int ctx = seq_len - q_len;
+    const int sw = p.sliding_window;
+    const int row_last = min(row0 + BLOCK_M, rows_total) - 1;
+    const int cta_pos_min = ctx + row0 / g, cta_pos_max = ctx + row_last / g;
+
+    // ---- context range [lo, hi) of this CTA: causal, window, segment
+    int lo = 0, hi = min(seq_len, cta_pos_max + 1);
+    if (sw > 0) lo = max(lo, cta_pos_min - sw + 1);
+    if (p.num_segments > 1) {
+        const int bs = 1 << p.bs_log2;
+        int nblk = (seq_len + bs - 1) >> p.bs_log2;
+        int bps = (nblk + p.num_segments - 1) / p.num_segments;
+        int seg_lo = seg * bps * bs;
+        lo = max(lo, seg_lo);
+        hi = min(hi, seg_lo + bps * bs);
+    }
+    const int ntiles = lo < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
+
+    // ---- this thread's rows: m-tile mt, rows g8 and g8 + 8 of it
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int wrow0 = row0 + wm * Tr::WROWS;
+    int pos[MT][2];
+    float slope2[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int idx = wrow0 + mt * 16 + g8 + r * 8;
+            const bool ok = idx < rows_total;
+            pos[mt][r] = ok ? ctx + idx / g : -1;
+            slope2[mt][r] = (ok && p.alibi)
+                                ? p.alibi[(int64_t)(kvh * g + idx % g) * p.alibi_s0] * ATTND_LOG2E
+                                : 0.0f;
+        }
+    const bool warp_has_rows = wrow0 < rows_total;
+    const int wpos_min = ctx + wrow0 / g;
+    const int wpos_max = ctx + (min(wrow0 + Tr::WROWS - 1, rows_total - 1)) / g;
+
+    // ---- shared memory
+    unsigned char *sq = attnd_smem;
+    unsigned char *spipe = attnd_smem + Tr::PIPE_OFF;
+    unsigned char *sconv = attnd_smem + Tr::CONV_OFF;
+    const uint32_t sq_a = attnd_smem_addr(sq);
+    const uint32_t spipe_a = attnd_smem_addr(spipe);
+    const uint32_t sconv_a = attnd_smem_addr(sconv);
+
+    // ---- K/V loader: thread's slots are chunk tid % CPR of rows tid / CPR + i * ROWS_PER_PASS.
+    // Offsets within a page row fit 32 bits (checked by the host); page * stride is 32x32->64.
+    const int ld_chunk = tid % CPR;
+    const int ld_row = tid / CPR;
+    const int chunk_elems = Tr::FP8 ? 16 : 8;
+    const int chunk_e0 = ld_chunk * chunk_elems;
+    const int valid_elems = min(max(p.head_size - chunk_e0, 0), chunk_elems);
+    const int32_t ks0 = (int32_t)p.k_s0, ks1 = (int32_t)p.k_s1, vs0 = (int32_t)p.v_s0,
+                  vs1 = (int32_t)p.v_s1;
+    const int32_t kcoff = kvh * (int32_t)p.k_s2 + chunk_e0, vcoff = kvh * (int32_t)p.v_s2 + chunk_e0;
+    const unsigned char *kbase = (const unsigned char *)p.k;
+    const unsigned char *vbase = (const unsigned char *)p.v;
+    const int32_t *bt = p.block_tables + (int64_t)seq * p.bt_s0;
+    const int32_t bt_s1 = (int32_t)p.bt_s1;
+    const int bs_log2 = p.bs_log2, bs_mask = (1 << bs_log2) - 1;
+    const int32_t nblocks32 = (int32_t)min(p.num_blocks, (int64_t)0x7fffffff);
+
+    int pg[LOAD_ITERS];
+    auto fetch_pages = [&](int stage, int *out) {
+        const int t0 = lo + stage * BLOCK_N;
+#pragma unroll
+        for (int i = 0; i < LOAD_ITERS; i++) {
+            const int tok = t0 + ld_row + i * Tr::ROWS_PER_PASS;
+            int pgid = -1;
+            if (stage < ntiles && tok < hi) {
+                pgid = __ldg(bt + (tok >> bs_log2) * bt_s1);
+                if ((unsigned)pgid >= (unsigned)nblocks32) pgid = -1;
+            }
+            out[i] = pgid;
+        }
+    };
+    auto issue_stage = [&](int stage, const int *pages) {
+        const int buf = stage % NSTAGES;
+        const int t0 = lo + stage * BLOCK_N;
+        const uint32_t dk = spipe_a + buf * 2 * Tr::TILE_RAW, dv = dk + Tr::TILE_RAW;
+#pragma unroll
+        for (int i = 0; i < LOAD_ITERS; i++) {
+            const int r = ld_row + i * Tr::ROWS_PER_PASS;
+            const int row = (t0 + r) & bs_mask;
+            const bool ok = pages[i] >= 0;
+            const int pgid = ok ? pages[i] : 0; // not read when !ok (0 bytes), a valid address
+            const unsigned char *ks =
+                kbase + ((int64_t)pgid * ks0 + (row * ks1 + kcoff)) * Tr::KV_BYTES;
+            const unsigned char *vs =
+                vbase + ((int64_t)pgid * vs0 + (row * vs1 + vcoff)) * Tr::KV_BYTES;
+            const int nbytes = ok ? valid_elems * Tr::KV_BYTES : 0;
+            const uint32_t off = Tr::FP8 ? (uint32_t)(r * ROW_RAW + ld_chunk * 16)
+                                         : attnd_swz(r, ld_chunk, ROW_RAW);
+            if (!Tr::FP8 || p.kv_vec16) {
+                attnd_cp_async16(dk + off, ks, nbytes);
+                attnd_cp_async16(dv + off, vs, nbytes);
+            } else {
+                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
+                attnd_cp_async8(dk + off, ks, n0);
+                attnd_cp_async8(dk + off + 8, n1 ? ks + 8 : ks, n1);
+                attnd_cp_async8(dv + off, vs, n0);
+                attnd_cp_async8(dv + off + 8, n1 ? vs + 8 : vs, n1);
+            }
+        }
+    };
+
+    // ---- prologue: page ids and copies for the first NSTAGES-1 stages
+    {
+        int pro[NSTAGES - 1][LOAD_ITERS];
+#pragma unroll
+        for (int s = 0; s < NSTAGES - 1; s++) fetch_pages(s, pro[s]);
+#pragma unroll
+        for (int s = 0; s < NSTAGES - 1; s++) {
+            if (s < ntiles) issue_stage(s, pro[s]);
+            attnd_cp_async_commit();
+        }
+        fetch_pages(NSTAGES - 1, pg);
+    }
+
+    // ---- Q tile -> shared (compute type, swizzled), zero outside rows / head size
+    {
+        constexpr int QCPR = D_PAD / 8;
+#pragma unroll
+        for (int c = tid; c < BLOCK_M * QCPR; c += Tr::THREADS) {
+            const int r = c / QCPR, ch = c % QCPR;
+            const int idx = row0 + r;
+            float f[8];
+            if (idx < rows_total && ch * 8 < p.head_size) {
+                const int tok = q_start + idx / g, head = kvh * g + idx % g;
+                const int64_t e = (int64_t)tok * p.q_s0 + (int64_t)head * p.q_s1 + ch * 8;
+                attnd_ld8(p.q, p.q_dt, e, p.q_vec != 0, f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) f[k] = 0.0f;
+            }
+            uint4 w;
+            w.x = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[0]), attnd_tc<TC>::clamp(f[1]));
+            w.y = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2]), attnd_tc<TC>::clamp(f[3]));
+            w.z = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[4]), attnd_tc<TC>::clamp(f[5]));
+            w.w = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[6]), attnd_tc<TC>::clamp(f[7]));
+            *(uint4 *)(sq + attnd_swz(r, ch, ROW16)) = w;
+        }
+    }
+    __syncthreads();
+
+    // ldmatrix lane offsets (bytes; the XOR key is lane & 7 for all three operands)
+    const int xk = lane & 7;
+    const uint32_t q_lane =
+        (uint32_t)((wm * Tr::WROWS + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
+    const int q_cadd = lane >> 4;
+    const uint32_t k_lane = (uint32_t)((wn * NW + (lane & 7) + ((lane >> 4) << 3)) * ROW16);
+    const int k_cadd = (lane >> 3) & 1;
+    const uint32_t v_lane = (uint32_t)((wn * NW + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
+    const int v_cadd = lane >> 4;
+
+    uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
+    if (Tr::Q_IN_REGS) {
+#pragma unroll
+        for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++)
+            attnd_ldsm_x4(sq_a + q_lane + (((2 * kk + q_cadd) ^ xk) << 4), qf[kk]);
+    }
+
+    float o[MT][D_PAD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < D_PAD / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        m_r[mt][0] = m_r[mt][1] = attnd_neg_inf();
+        l_r[mt][0] = l_r[mt][1] = 0.0f;
+    }
+
+    // ---- main loop over K/V tiles
+    for (int j = 0; j < ntiles; j++) {
+        attnd_cp_async_wait<NSTAGES - 2>();
+        __syncthreads();
+        if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, pg);
+        attnd_cp_async_commit();
+        fetch_pages(j + NSTAGES, pg);
+
+        const int buf = j % NSTAGES;
+        const unsigned char *rk = spipe + buf * 2 * Tr::TILE_RAW, *rv = rk + Tr::TILE_RAW;
+        uint32_t kt_a = spipe_a + buf * 2 * Tr::TILE_RAW, vt_a = kt_a + Tr::TILE_RAW;
+        if (Tr::FP8 && Tr::WARPS_N == 1) {
+            // prefill: the CTA converts the whole K and V tiles (every warp reads all of them)
+            attnd_fp8_tile_to_f16<Tr>(rk, sconv, 0, BLOCK_N, tid, Tr::THREADS);
+            attnd_fp8_tile_to_f16<Tr>(rv, sconv + BLOCK_N * ROW16, 0, BLOCK_N, tid, Tr::THREADS);
+            __syncthreads();
+            kt_a = sconv_a;
+            vt_a = sconv_a + BLOCK_N * ROW16;
+        }
+
+        // this warp's tokens [a, b) of the tile, SUB at a time
+#pragma unroll 1
+        for (int h = 0; h < NW / SUB; h++) {
+        const int a = lo + j * BLOCK_N + wn * NW + h * SUB, b = a + SUB;
+        if (!warp_has_rows || a >= hi || a > wpos_max || (sw > 0 && b - 1 < wpos_min - sw + 1))
+            continue; // nothing visible to this warp's rows
+        const bool need_mask = !(b <= hi && b - 1 <= wpos_min && (sw <= 0 || wpos_max - a < sw));
+
+        if (Tr::FP8 && Tr::WARPS_N > 1) {
+            // decode: the warp converts its own tokens, K now and V after QK^T
+            __syncwarp();
+            attnd_fp8_tile_to_f16<Tr>(rk, sconv, wn * NW, NW, lane, 32); // SUB == NW
+            __syncwarp();
+            kt_a = sconv_a;
+            vt_a = sconv_a;
+        }
+
+        // S = Q K^T (MT x 16 rows x SUB tokens)
+        float s[MT][SUB / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < SUB / 8; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (Tr::Q_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; x++) af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
+                } else {
+                    attnd_ldsm_x4(sq_a + q_lane + mt * 16 * ROW16 + (((2 * kk + q_cadd) ^ xk) << 4),
+                                  af[mt]);
+                }
+            }
+#pragma unroll
+            for (int n2 = 0; n2 < SUB / 16; n2++) {
+                uint32_t bf[4];
+                attnd_ldsm_x4(kt_a + k_lane + (h * SUB + n2 * 16) * ROW16 + (((2 * kk + k_cadd) ^ xk) << 4), bf);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
+                    attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
+                }
+            }
+        }
+
+        // logits (log2 domain) with masks; c multiplies s on the way into exp2
+        float c = p.qk_scale_log2;
+        if (!p.plain) {
+            c = 1.0f;
+            const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < SUB / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, ps = pos[mt][r];
+                        const int t = a + n * 8 + 2 * t4 + (e & 1);
+                        float x = s[mt][n][e] * p.qk_scale;
+                        if (p.softcap > 0.0f) x = p.softcap * attnd_tanh(x * inv_cap);
+                        x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
+                        if (need_mask && !(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
+                            x = attnd_neg_inf();
+                        s[mt][n][e] = x;
+                    }
+        } else if (need_mask) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < SUB / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, ps = pos[mt][r];
+                        const int t = a + n * 8 + 2 * t4 + (e & 1);
+                        if (!(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
+                            s[mt][n][e] = attnd_neg_inf();
+                    }
+        }
+
+        // online softmax; the O rescale is skipped when no row max of the warp moved
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
+#pragma unroll
+            for (int n = 0; n < SUB / 8; n++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+            }
+            float ms[2], alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
+                ms[r] = attnd_softmax_safe_max(m_new);
+                alpha[r] = attnd_exp2(m_r[mt][r] - ms[r]);
+                m_r[mt][r] = m_new;
+            }
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < SUB / 8; n++) {
+                s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
+                s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
+                s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
+                s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
+                rs[0] += s[mt][n][0] + s[mt][n][1];
+                rs[1] += s[mt][n][2] + s[mt][n][3];
+            }
+            l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
+            l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < D_PAD / 8; n++) {
+                    o[mt][n][0] *= alpha[0];
+                    o[mt][n][1] *= alpha[0];
+                    o[mt][n][2] *= alpha[1];
+                    o[mt][n][3] *= alpha[1];
+                }
+            }
+        }
+
+        if (Tr::FP8 && Tr::WARPS_N > 1) {
+            __syncwarp();
+            attnd_fp8_tile_to_f16<Tr>(rv, sconv, wn * NW, NW, lane, 32); // SUB == NW
+            __syncwarp();
+        }
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < SUB / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int n2 = 0; n2 < D_PAD / 16; n2++) {
+                uint32_t bf[4];
+                attnd_ldsm_x4_trans(vt_a + v_lane + (h * SUB + kk * 16) * ROW16 + (((2 * n2 + v_cadd) ^ xk) << 4),
+                                    bf);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
+                    attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
+                }
+            }
+        }
+        } // h
+    }
+
+    // ---- epilogue: per-warp state -> shared, then combine warps, normalise and store
+    attnd_cp_async_wait<0>();
+    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    __syncthreads();
+    float *eo = (float *)attnd_smem;
+    float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const float lq0 = attnd_quad_sum(l_r[mt][0]), lq1 = attnd_quad_sum(l_r[mt][1]);
+        const int rbase = wn * BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
+#pragma unroll
+        for (int n = 0; n < D_PAD / 8; n++) {
+            const int col = n * 8 + 2 * t4;
+            *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
+            *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
+                make_float2(o[mt][n][2], o[mt][n][3]);
+        }
+        if (t4 == 0) {
+            eml[2 * rbase] = m_r[mt][0];
+            eml[2 * rbase + 1] = lq0;
+            eml[2 * (rbase + 8)] = m_r[mt][1];
+            eml[2 * (rbase + 8) + 1] = lq1;
+        }
+    }
+    __syncthreads();
+
+    const bool partial = p.num_segments > 1;
+    const int d_act = p.head_size;
+    constexpr int C4 = D_PAD / 4;
+#pragma unroll 1
+    for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
+        const int r = c / C4, c4 = c % C4;
+        const int idx = row0 + r;
+        if (idx >= rows_total || c4 * 4 >= d_act) continue;
+        float M = attnd_neg_inf();
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++) M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
+        const float Ms = attnd_softmax_safe_max(M);
+        float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++) {
+            const float wt = attnd_exp2(eml[2 * (w * BLOCK_M + r)] - Ms);
+            L += wt * eml[2 * (w * BLOCK_M + r) + 1];
+            float4 x = *(const float4 *)(eo + (w * BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
+            v[0] += wt * x.x;
+            v[1] += wt * x.y;
+            v[2] += wt * x.z;
+            v[3] += wt * x.w;
+        }
+        const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] *= inv;
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        if (!partial) {
+            attnd_stN<4>(p.out, p.out_dt, (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + c4 * 4,
+                         p.out_vec != 0, v);
+            if (p.lse && c4 == 0)
+                p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] = attnd_softmax_lse(M, L);
+        } else {
+            const int64_t R = ((int64_t)tok * p.num_q_heads + head) * p.num_segments + seg;
+            *(float4 *)(p.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
+            if (c4 == 0) {
+                p.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+                p.ws_l[R] = L;
+            }
+        }
+    }
+}
+
+#endif
