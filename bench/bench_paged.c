@@ -6,10 +6,12 @@
  *                                  / time, as ../shared/anchors/bench_anchors.py counts them
  *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
  *
- *   bench_paged [--sweep] [--quick]
+ *   bench_paged [--sweep] [--quick] [--only SUBSTR]
  *
  * --sweep also times every segment count of a small list for each decode case (the chosen one is
- * marked). Prints one line per case and a summary table last. */
+ * marked); --only runs the cases whose key (decode-bf16-1x32768, decode-fp8_e4m3-64x4096,
+ * prefill-1x8192, ...) contains SUBSTR (for profilers). Prints one line per case and a summary
+ * table last. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,8 +46,8 @@ static size_t g_l2;
     do {                                                                                           \
         attnd_err e_ = (call);                                                                     \
         if (e_ != ATTND_ERR_OK) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,                    \
-                    attnd_strerror(e_), attnd_backend_last_error(g_b));                            \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, attnd_strerror(e_), \
+                    attnd_backend_last_error(g_b));                                                \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -139,16 +141,21 @@ static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt,
     void *out = dev_random((size_t)T * HQ * HD * 2, ATTND_DTYPE_BF16);
     int32_t *bt = malloc((size_t)batch * nblk_seq * sizeof *bt);
     int64_t *perm = malloc((size_t)(nblocks - 8) * sizeof *perm);
-    for (int64_t i = 0; i < nblocks - 8; i++) perm[i] = i;
+    for (int64_t i = 0; i < nblocks - 8; i++)
+        perm[i] = i;
     for (int64_t i = nblocks - 9; i > 0; i--) {
         int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
     }
-    for (int64_t i = 0; i < batch * nblk_seq; i++) bt[i] = (int32_t)perm[i];
-    int32_t *sl = malloc((size_t)batch * sizeof *sl), *qsl = malloc((size_t)(batch + 1) * sizeof *qsl);
-    for (int b = 0; b < batch; b++) sl[b] = ctx;
-    for (int b = 0; b <= batch; b++) qsl[b] = b * qlen;
+    for (int64_t i = 0; i < batch * nblk_seq; i++)
+        bt[i] = (int32_t)perm[i];
+    int32_t *sl = malloc((size_t)batch * sizeof *sl),
+            *qsl = malloc((size_t)(batch + 1) * sizeof *qsl);
+    for (int b = 0; b < batch; b++)
+        sl[b] = ctx;
+    for (int b = 0; b <= batch; b++)
+        qsl[b] = b * qlen;
     void *dbt = dev_copy(bt, (size_t)batch * nblk_seq * sizeof *bt);
     void *dsl = dev_copy(sl, (size_t)batch * sizeof *sl);
     void *dqsl = dev_copy(qsl, (size_t)(batch + 1) * sizeof *qsl);
@@ -171,7 +178,8 @@ static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt,
     p->max_query_len = qlen;
     p->max_seq_len = ctx;
     void *b[] = {k, v, q, out, dbt, dsl, dqsl};
-    for (int i = 0; i < 7; i++) s->bufs[i] = b[i];
+    for (int i = 0; i < 7; i++)
+        s->bufs[i] = b[i];
     s->nbufs = 7;
     if (segments > 0) {
         s->ws_bytes = attnd_paged_3d_workspace_size(T, HQ, HD, segments);
@@ -181,7 +189,8 @@ static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt,
 
 static void free_set(set *s)
 {
-    for (int i = 0; i < s->nbufs; i++) attnd_backend_free(g_b, s->bufs[i]);
+    for (int i = 0; i < s->nbufs; i++)
+        attnd_backend_free(g_b, s->bufs[i]);
     attnd_backend_free(g_b, s->ws);
 }
 
@@ -205,7 +214,8 @@ static float time_op(set *sets, int nsets, int segments, int warmup, int iters)
 {
     cudaEvent_t *ev = malloc((size_t)(iters + 1) * 2 * sizeof *ev);
     float *ms = malloc((size_t)iters * sizeof *ms);
-    for (int i = 0; i < 2 * iters; i++) CK(cudaEventCreate(&ev[i]));
+    for (int i = 0; i < 2 * iters; i++)
+        CK(cudaEventCreate(&ev[i]));
     for (int i = 0; i < warmup + iters; i++) {
         set *s = &sets[i % nsets];
         int timed = i >= warmup;
@@ -217,8 +227,10 @@ static float time_op(set *sets, int nsets, int segments, int warmup, int iters)
         if (timed) CK(cudaEventRecord(ev[2 * (i - warmup) + 1], g_stream));
     }
     AK(attnd_backend_sync(g_b));
-    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-    for (int i = 0; i < 2 * iters; i++) CK(cudaEventDestroy(ev[i]));
+    for (int i = 0; i < iters; i++)
+        CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    for (int i = 0; i < 2 * iters; i++)
+        CK(cudaEventDestroy(ev[i]));
     qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
     float med = ms[iters / 2];
     free(ev);
@@ -260,9 +272,21 @@ typedef struct result {
 
 static result g_res[32];
 static int g_nres;
+static const char *g_only;
+
+static int selected(const char *kind, const char *dt, int batch, int n)
+{
+    char key[96];
+    if (dt)
+        snprintf(key, sizeof key, "%s-%s-%dx%d", kind, dt, batch, n);
+    else
+        snprintf(key, sizeof key, "%s-%dx%d", kind, batch, n);
+    return g_only == NULL || strstr(key, g_only) != NULL;
+}
 
 static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, int quick)
 {
+    if (!selected("decode", attnd_dtype_name(cache_dt), batch, ctx)) return 0.0f;
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
     int chosen = pick_segments(batch, ctx);
@@ -271,7 +295,8 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     if (sweep)
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
             if (sweep_list[i] > max_segs) max_segs = sweep_list[i];
-    for (int i = 0; i < nsets; i++) make_set(&sets[i], batch, ctx, 1, cache_dt, max_segs);
+    for (int i = 0; i < nsets; i++)
+        make_set(&sets[i], batch, ctx, 1, cache_dt, max_segs);
     double bytes = (double)batch * ctx * HK * HD * 2 * (double)attnd_dtype_size(cache_dt);
     int iters = quick ? 30 : 200;
     float ms = time_op(sets, nsets, chosen, 20, iters);
@@ -294,15 +319,18 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
         }
     }
     fflush(stdout);
-    for (int i = 0; i < nsets; i++) free_set(&sets[i]);
+    for (int i = 0; i < nsets; i++)
+        free_set(&sets[i]);
     return ms;
 }
 
 static void bench_prefill(int batch, int L, int quick)
 {
+    if (!selected("prefill", NULL, batch, L)) return;
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, L, L, ATTND_DTYPE_BF16));
-    for (int i = 0; i < nsets; i++) make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
+    for (int i = 0; i < nsets; i++)
+        make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
     float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
     result *r = &g_res[g_nres++];
@@ -313,7 +341,8 @@ static void bench_prefill(int batch, int L, int quick)
     r->segments = 0;
     printf("%-28s          %8.4f ms %8.1f TFLOP/s  (sets=%d)\n", r->name, ms, r->figure, nsets);
     fflush(stdout);
-    for (int i = 0; i < nsets; i++) free_set(&sets[i]);
+    for (int i = 0; i < nsets; i++)
+        free_set(&sets[i]);
 }
 
 int main(int argc, char **argv)
@@ -324,8 +353,10 @@ int main(int argc, char **argv)
             sweep = 1;
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            g_only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sweep] [--quick] [--only SUBSTR]\n", argv[0]);
             return 2;
         }
     }
@@ -361,9 +392,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < g_nres; i++)
         printf("| %s | %d | %.4f | %.1f %s |\n", g_res[i].name, g_res[i].segments, g_res[i].ms,
                g_res[i].figure, g_res[i].unit);
-    if (t_fp8_64 > 0.0f)
+    if (t_fp8_64 > 0.0f && t_bf16_64 > 0.0f)
         printf("| fp8 / bf16 speed, 64 x 4096 | | | %.2fx |\n", t_bf16_64 / t_fp8_64);
     attnd_backend_close(g_b);
-    for (int i = 0; i < 4; i++) free(g_pat[i]);
+    for (int i = 0; i < 4; i++)
+        free(g_pat[i]);
     return 0;
 }

@@ -28,6 +28,10 @@ for s in $STEPS; do
   bench)
     echo "== bench_ops"
     timeout 150 $D/bench_ops 2>&1 | tee "$OUT/bench_ops.log" ;;
+  benchvar)
+    # the FA core built with -DATTND_FA_PIPE=0 (no fragment prefetch, 3 CTAs/SM), same cases
+    echo "== bench_ops (ATTND_FA_PIPE=0)"
+    timeout 100 $D/bench_ops_p0 varlen blocksparse 2>&1 | tee "$OUT/bench_ops_p0.log" ;;
   anchors)
     echo "== anchors_ops.py"
     PYTHONUNBUFFERED=1 SEEDS_DIR=.anchors/seeds timeout 300 python3 bench/anchors_ops.py 2>&1 |
@@ -39,7 +43,7 @@ for s in $STEPS; do
     echo "rc=$?"; grep -E "ERROR SUMMARY|gpu_ops:|FAIL" "$OUT/sanitizer.log" | head -20 ;;
   racecheck)
     echo "== compute-sanitizer racecheck (gpu_ops --quick)"
-    timeout 200 "$SAN" --tool racecheck --error-exitcode 3 $D/gpu_ops --quick ${RACE_ARGS:-} \
+    timeout 150 "$SAN" --tool racecheck --error-exitcode 3 $D/gpu_ops --quick ${RACE_ARGS:-} \
       >"$OUT/racecheck.log" 2>&1
     echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:|FAIL" "$OUT/racecheck.log" | head -20 ;;
   esac

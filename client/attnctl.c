@@ -13,13 +13,16 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: attnctl [-u URL] [-t MS] [-n NAME] [-k TOKEN] COMMAND [ARGS] [+ COMMAND "
-            "[ARGS]]...\n"
+            "usage: attnctl [-u URL] [-t MS] [-n NAME] [-k TOKEN] [-c CA.pem] COMMAND [ARGS]\n"
+            "               [+ COMMAND [ARGS]]...\n"
             "\n"
-            "  -u URL    daemon address (default $ATTND_URL, else " ATTNCTL_DEFAULT_URL ")\n"
+            "  -u URL    daemon address: ipc://PATH, tcp://HOST:PORT or tls+tcp://HOST:PORT\n"
+            "            (default $ATTND_URL, else " ATTNCTL_DEFAULT_URL ")\n"
             "  -t MS     per-request timeout in ms (default %d)\n"
             "  -n NAME   client name sent in Hello\n"
             "  -k TOKEN  shared token, when the daemon requires one (default $ATTND_TOKEN)\n"
+            "  -c FILE   tls+tcp://: CA certificate(s) the daemon's must be signed by\n"
+            "            (default $ATTND_TLS_CA)\n"
             "\n"
             "Commands run in order in one session, separated by a lone '+'. Sequences belong to\n"
             "the session: create, fork, attend and free them in one attnctl run.\n"
@@ -90,7 +93,8 @@ int attnctl_session(attnctl *ctl)
 {
     attnd_err rv;
     if (ctl->have_session) return ATTNCTL_OK;
-    if ((rv = attnd_client_hello(ctl->c, NULL)) != ATTND_ERR_OK) return attnctl_fail(ctl, "hello", rv);
+    if ((rv = attnd_client_hello(ctl->c, NULL)) != ATTND_ERR_OK)
+        return attnctl_fail(ctl, "hello", rv);
     ctl->have_session = 1;
     return ATTNCTL_OK;
 }
@@ -113,7 +117,8 @@ static int cmd_status(attnctl *ctl, int argc, char **argv)
     attnd_err rv;
     (void)argv;
     if (argc != 1) return attnctl_usage_error("status", "takes no arguments");
-    if ((rv = attnd_client_status(ctl->c, &st)) != ATTND_ERR_OK) return attnctl_fail(ctl, "status", rv);
+    if ((rv = attnd_client_status(ctl->c, &st)) != ATTND_ERR_OK)
+        return attnctl_fail(ctl, "status", rv);
     printf("daemon:       attnd %s, backend %s, up %.1f s\n", st.version, st.backend, st.uptime_s);
     print_geometry(&st.geometry);
     printf("blocks free:  %u of %u\n", st.blocks_free, st.geometry.num_blocks);
@@ -147,14 +152,10 @@ static const struct {
     const char *name;
     attnctl_cmd_fn fn;
 } commands[] = {
-    {"status", cmd_status},
-    {"info", cmd_info},
-    {"seqs", attnctl_cmd_seqs},
-    {"create", attnctl_cmd_create},
-    {"fork", attnctl_cmd_fork},
-    {"free", attnctl_cmd_free},
-    {"query", attnctl_cmd_query},
-    {"attend", attnctl_cmd_attend},
+    {"status", cmd_status},       {"info", cmd_info},
+    {"seqs", attnctl_cmd_seqs},   {"create", attnctl_cmd_create},
+    {"fork", attnctl_cmd_fork},   {"free", attnctl_cmd_free},
+    {"query", attnctl_cmd_query}, {"attend", attnctl_cmd_attend},
     {"bench", attnctl_cmd_bench},
 };
 
@@ -185,8 +186,7 @@ static int run_commands(attnctl *ctl, int argc, char **argv)
     for (int i = 0; i <= argc; i++) {
         if (i < argc && strcmp(argv[i], "+") != 0) continue;
         argv[i < argc ? i : argc] = NULL;
-        if ((rc = find_command(argv[start])(ctl, i - start, argv + start)) != ATTNCTL_OK)
-            return rc;
+        if ((rc = find_command(argv[start])(ctl, i - start, argv + start)) != ATTNCTL_OK) return rc;
         start = i + 1;
     }
     return ATTNCTL_OK;
@@ -202,7 +202,7 @@ static int parse_globals(attnctl *ctl, int argc, char **argv, int32_t *timeout)
             usage(stdout);
             exit(ATTNCTL_OK);
         }
-        if (i + 1 >= argc || strlen(o) != 2 || strchr("utnk", o[1]) == NULL) {
+        if (i + 1 >= argc || strlen(o) != 2 || strchr("utnkc", o[1]) == NULL) {
             usage(stderr);
             return -1;
         }
@@ -210,6 +210,7 @@ static int parse_globals(attnctl *ctl, int argc, char **argv, int32_t *timeout)
         if (o[1] == 'u') ctl->url = v;
         if (o[1] == 'n') ctl->opts.name = v;
         if (o[1] == 'k') ctl->opts.token = v;
+        if (o[1] == 'c') ctl->tls_ca = v;
         if (o[1] == 't') *timeout = atoi(v);
     }
     if (i >= argc) {
@@ -229,6 +230,7 @@ int main(int argc, char **argv)
     ctl.url = getenv("ATTND_URL") ? getenv("ATTND_URL") : ATTNCTL_DEFAULT_URL;
     ctl.opts.name = "attnctl";
     ctl.opts.token = getenv("ATTND_TOKEN");
+    ctl.tls_ca = getenv("ATTND_TLS_CA");
     if ((first = parse_globals(&ctl, argc, argv, &timeout)) < 0) return ATTNCTL_USAGE;
     ctl.opts.timeout_ms = timeout;
     if ((rc = check_commands(argc - first, argv + first)) != ATTNCTL_OK) return rc;
@@ -236,7 +238,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "attnctl: %s\n", attnd_strerror(rv));
         return ATTNCTL_FAILED;
     }
-    if ((rv = attnd_client_dial(ctl.c, ctl.url)) != ATTND_ERR_OK)
+    if ((rv = attnd_client_set_tls(ctl.c, ctl.tls_ca, NULL)) != ATTND_ERR_OK ||
+        (rv = attnd_client_dial(ctl.c, ctl.url)) != ATTND_ERR_OK)
         rc = attnctl_fail(&ctl, "connect", rv);
     else
         rc = run_commands(&ctl, argc - first, argv + first);

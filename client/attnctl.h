@@ -15,6 +15,7 @@
 typedef struct attnctl {
     const char *url;
     attnd_client_opts opts;
+    const char *tls_ca; /* -c / $ATTND_TLS_CA */
     attnd_client *c;
     int have_session;
 } attnctl;
@@ -27,7 +28,8 @@ int attnctl_session(attnctl *ctl);
 /* Print "attnctl: <what>: <CODE>: <message>" and return ATTNCTL_FAILED. */
 int attnctl_fail(attnctl *ctl, const char *what, attnd_err rv);
 /* Print "attnctl: <cmd>: <message>" and return ATTNCTL_USAGE. */
-int attnctl_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int attnctl_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Parse an unsigned integer argument (decimal or 0x hex); 0 on success, -1 otherwise. */
 int attnctl_parse_u64(const char *s, uint64_t *out);
 /* Parse a dtype name (f32, f16, bf16 as well as attnd_dtype_parse's names). */

@@ -237,8 +237,8 @@ static void print_result(const attend_opts *o, const attend_data *d, double secs
     printf("attend: %lld tokens in %zu sequence(s), layer %u, %s via %s: %.3f ms\n",
            (long long)d->tokens, o->nseqs, o->layer, attnd_dtype_name(o->dtype),
            o->use_inline ? "inline" : "shm", secs * 1e3);
-    printf("out [%lld, %lld, %lld] -> %s\n", (long long)d->out.shape[0],
-           (long long)d->out.shape[1], (long long)hd, o->out);
+    printf("out [%lld, %lld, %lld] -> %s\n", (long long)d->out.shape[0], (long long)d->out.shape[1],
+           (long long)hd, o->out);
     for (int64_t t = 0; t < d->tokens && t < 4; t++) {
         printf("  out[%lld, 0, :%lld] =", (long long)t, (long long)show);
         for (int64_t i = 0; i < show; i++)

@@ -66,7 +66,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         size_t k = 0;
-        for (; k < sizeof nums / sizeof nums[0] && strcmp(a, nums[k].name) != 0; k++) {}
+        for (; k < sizeof nums / sizeof nums[0] && strcmp(a, nums[k].name) != 0; k++) {
+        }
         if (k < sizeof nums / sizeof nums[0]) {
             if (parse_u32(a, val, (uint32_t *)((char *)o + nums[k].off)) != ATTNCTL_OK)
                 return ATTNCTL_USAGE;
@@ -154,8 +155,10 @@ static int worker_setup(bench_worker *w, int64_t *max_rows)
     attnd_client_opts opts = w->ctl->opts;
     int64_t rows;
     size_t row_bytes;
-    if ((rv = attnd_client_alloc(&w->c, &opts)) != ATTND_ERR_OK) return worker_fail(w, "client", rv);
-    if ((rv = attnd_client_connect(w->c, w->ctl->url, &si)) != ATTND_ERR_OK)
+    if ((rv = attnd_client_alloc(&w->c, &opts)) != ATTND_ERR_OK)
+        return worker_fail(w, "client", rv);
+    if ((rv = attnd_client_set_tls(w->c, w->ctl->tls_ca, NULL)) != ATTND_ERR_OK ||
+        (rv = attnd_client_connect(w->c, w->ctl->url, &si)) != ATTND_ERR_OK)
         return worker_fail(w, "connect", rv);
     w->g = si.geometry;
     w->limits = si.limits;
@@ -184,8 +187,8 @@ static int worker_setup(bench_worker *w, int64_t *max_rows)
 }
 
 /* One step: begin, attend every layer, end; latencies recorded when lats != NULL. */
-static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64_t rows,
-                    int abort, lat *lats)
+static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64_t rows, int abort,
+                    lat *lats)
 {
     attnd_step step;
     attnd_err rv;
@@ -298,7 +301,8 @@ static int merge_lat(const bench_worker *ws, uint32_t n, int k, lat *out)
     for (uint32_t i = 0; i < n; i++)
         for (int j = 0; j < NUM_KINDS; j++)
             if (k == NUM_KINDS || k == j)
-                for (size_t e = 0; e < ws[i].lat[j].n; e++) lat_add(out, ws[i].lat[j].v[e]);
+                for (size_t e = 0; e < ws[i].lat[j].n; e++)
+                    lat_add(out, ws[i].lat[j].v[e]);
     qsort(out->v, out->n, sizeof *out->v, cmp_double);
     return 0;
 }
@@ -333,17 +337,18 @@ static void report(const bench_opts *o, const bench_worker *ws)
         free(m.v);
     }
     printf("throughput:  %.0f requests/s (attend %.0f/s), %.0f steps/s, %.3f s\n",
-           (double)all / wall, (double)attends / wall, (double)o->steps * o->clients / wall,
-           wall);
+           (double)all / wall, (double)attends / wall, (double)o->steps * o->clients / wall, wall);
 }
 
 /* ---------------------------------------------------------------- command */
 
 static void worker_cleanup(bench_worker *w)
 {
-    for (int k = 0; k < NUM_KINDS; k++) free(w->lat[k].v);
+    for (int k = 0; k < NUM_KINDS; k++)
+        free(w->lat[k].v);
     if (w->c == NULL) return;
-    for (uint32_t s = 0; s < w->o->seqs; s++) attnd_client_seq_free(w->c, seq_id_of(w, s));
+    for (uint32_t s = 0; s < w->o->seqs; s++)
+        attnd_client_seq_free(w->c, seq_id_of(w, s));
     if (w->shm.base != NULL) attnd_client_shm_destroy(w->c, &w->shm);
     attnd_client_free(w->c);
 }
@@ -355,7 +360,8 @@ int attnctl_cmd_bench(attnctl *ctl, int argc, char **argv)
     pthread_barrier_t barrier;
     int rc;
     if ((rc = parse_opts(argc, argv, &o)) != ATTNCTL_OK) return rc;
-    if ((ws = calloc(o.clients, sizeof *ws)) == NULL) return attnctl_fail(ctl, "bench", ATTND_ERR_NO_MEMORY);
+    if ((ws = calloc(o.clients, sizeof *ws)) == NULL)
+        return attnctl_fail(ctl, "bench", ATTND_ERR_NO_MEMORY);
     pthread_barrier_init(&barrier, NULL, o.clients);
     for (uint32_t i = 0; i < o.clients; i++) {
         ws[i].ctl = ctl;
@@ -370,7 +376,8 @@ int attnctl_cmd_bench(attnctl *ctl, int argc, char **argv)
         if (ws[i].rc != ATTNCTL_OK) rc = ws[i].rc;
     }
     if (rc == ATTNCTL_OK) report(&o, ws);
-    for (uint32_t i = 0; i < o.clients; i++) worker_cleanup(&ws[i]);
+    for (uint32_t i = 0; i < o.clients; i++)
+        worker_cleanup(&ws[i]);
     pthread_barrier_destroy(&barrier);
     free(ws);
     return rc;

@@ -6,8 +6,8 @@
 
 static void print_seq(const attnd_seq_info *s)
 {
-    printf("%20llu %10u %10u %10llu\n", (unsigned long long)s->seq_id, s->num_tokens,
-           s->num_blocks, (unsigned long long)s->step);
+    printf("%20llu %10u %10u %10llu\n", (unsigned long long)s->seq_id, s->num_tokens, s->num_blocks,
+           (unsigned long long)s->step);
 }
 
 static void print_header(void)
@@ -28,14 +28,16 @@ int attnctl_cmd_seqs(attnctl *ctl, int argc, char **argv)
     do {
         free(seqs);
         cap = n + 16;
-        if ((seqs = calloc(cap, sizeof *seqs)) == NULL) return attnctl_fail(ctl, "seqs", ATTND_ERR_NO_MEMORY);
+        if ((seqs = calloc(cap, sizeof *seqs)) == NULL)
+            return attnctl_fail(ctl, "seqs", ATTND_ERR_NO_MEMORY);
         if ((rv = attnd_client_seq_list(ctl->c, seqs, cap, &n)) != ATTND_ERR_OK) {
             free(seqs);
             return attnctl_fail(ctl, "seqs", rv);
         }
     } while (n > cap);
     print_header();
-    for (size_t i = 0; i < n; i++) print_seq(&seqs[i]);
+    for (size_t i = 0; i < n; i++)
+        print_seq(&seqs[i]);
     printf("%zu sequence(s)\n", n);
     free(seqs);
     return ATTNCTL_OK;
@@ -56,7 +58,8 @@ static int per_id(attnctl *ctl, int argc, char **argv, int create)
     uint64_t *ids;
     int rc;
     if (argc < 2) return attnctl_usage_error(argv[0], "needs at least one sequence id");
-    if ((ids = calloc((size_t)argc, sizeof *ids)) == NULL) return attnctl_fail(ctl, argv[0], ATTND_ERR_NO_MEMORY);
+    if ((ids = calloc((size_t)argc, sizeof *ids)) == NULL)
+        return attnctl_fail(ctl, argv[0], ATTND_ERR_NO_MEMORY);
     if ((rc = parse_ids(argv[0], argc, argv, ids)) == ATTNCTL_OK) rc = attnctl_session(ctl);
     for (int i = 0; rc == ATTNCTL_OK && i < argc - 1; i++) {
         attnd_err rv = create ? attnd_client_seq_create(ctl->c, ids[i], NULL)

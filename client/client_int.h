@@ -24,8 +24,8 @@ attnd_err attnd_client_ref_to_pb(attnd_client *c, const char *field, const attnd
 
 /* Copy a reply's inline outputs into the inline refs among outs[0..n) (NULL entries and region
  * refs skipped), in order. PROTOCOL when the count or a size disagrees. */
-attnd_err attnd_client_take_outputs(attnd_client *c, const Attnd__Reply *rep, attnd_ref *const *outs,
-                                    size_t n);
+attnd_err attnd_client_take_outputs(attnd_client *c, const Attnd__Reply *rep,
+                                    attnd_ref *const *outs, size_t n);
 
 /* Geometry from its wire form. */
 void attnd_client_geometry_from_pb(attnd_geometry *g, const Attnd__Geometry *pb);

@@ -27,6 +27,8 @@ struct attnd_client {
     int dialed;
     char name[64];
     char token[256];
+    char tls_ca_file[512];
+    char tls_server_name[256];
     _Atomic int32_t timeout_ms;
     _Atomic uint64_t next_id;
     _Atomic uint32_t next_region;
@@ -73,7 +75,8 @@ static void pipe_removed_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     (void)ev;
     pthread_mutex_lock(&c->mu);
     c->lost = 1;
-    for (call_slot *s = c->busy; s != NULL; s = s->next) nng_aio_cancel(s->aio);
+    for (call_slot *s = c->busy; s != NULL; s = s->next)
+        nng_aio_cancel(s->aio);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -81,16 +84,23 @@ static void pipe_removed_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 static attnd_err map_nng(int rv)
 {
     switch (rv) {
-    case 0: return ATTND_ERR_OK;
-    case NNG_ETIMEDOUT: return ATTND_ERR_TIMEOUT;
-    case NNG_ENOMEM: return ATTND_ERR_NO_MEMORY;
+    case 0:
+        return ATTND_ERR_OK;
+    case NNG_ETIMEDOUT:
+        return ATTND_ERR_TIMEOUT;
+    case NNG_ENOMEM:
+        return ATTND_ERR_NO_MEMORY;
     case NNG_EADDRINVAL:
     case NNG_ENOTSUP:
     case NNG_EINVAL:
-    case NNG_EMSGSIZE: return ATTND_ERR_INVALID_ARGUMENT;
-    case NNG_EPERM: return ATTND_ERR_PERMISSION_DENIED;
-    case NNG_EPROTO: return ATTND_ERR_PROTOCOL;
-    default: return ATTND_ERR_UNAVAILABLE;
+    case NNG_EMSGSIZE:
+        return ATTND_ERR_INVALID_ARGUMENT;
+    case NNG_EPERM:
+        return ATTND_ERR_PERMISSION_DENIED;
+    case NNG_EPROTO:
+        return ATTND_ERR_PROTOCOL;
+    default:
+        return ATTND_ERR_UNAVAILABLE;
     }
 }
 
@@ -137,15 +147,49 @@ void attnd_client_free(attnd_client *c)
     free(c);
 }
 
+attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_file, const char *server_name)
+{
+    if ((ca_file && strlen(ca_file) >= sizeof c->tls_ca_file) ||
+        (server_name && strlen(server_name) >= sizeof c->tls_server_name))
+        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "set_tls: path or name too long");
+    copy_str(c->tls_ca_file, sizeof c->tls_ca_file, ca_file);
+    copy_str(c->tls_server_name, sizeof c->tls_server_name, server_name);
+    return ATTND_ERR_OK;
+}
+
+/* TLS settings of a tls+tcp:// dialer: the CA that must have signed the daemon's certificate. */
+static int dialer_tls(attnd_client *c, nng_dialer d, const char *url)
+{
+    int rv;
+    if (strncmp(url, "tls+", 4) != 0) return 0;
+    if (c->tls_ca_file[0] == '\0') return NNG_EINVAL;
+    if ((rv = nng_dialer_set_string(d, NNG_OPT_TLS_CA_FILE, c->tls_ca_file)) != 0) return rv;
+    if (c->tls_server_name[0] != '\0')
+        rv = nng_dialer_set_string(d, NNG_OPT_TLS_SERVER_NAME, c->tls_server_name);
+    return rv;
+}
+
 attnd_err attnd_client_dial(attnd_client *c, const char *url)
 {
+    nng_dialer d;
     int rv;
     if (url == NULL || url[0] == '\0')
         return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial: empty url");
     if (c->dialed)
         return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial %s: already dialed", url);
-    if ((rv = nng_dial(c->sock, url, NULL, 0)) != 0)
+    if ((rv = nng_dialer_create(&d, c->sock, url)) != 0)
         return attnd_client_fail(c, map_nng(rv), "dial %s: %s", url, nng_strerror(rv));
+    if ((rv = dialer_tls(c, d, url)) != 0) {
+        nng_dialer_close(d);
+        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial %s: TLS: %s", url,
+                                 rv == NNG_EINVAL && c->tls_ca_file[0] == '\0'
+                                     ? "tls_ca_file is required"
+                                     : nng_strerror(rv));
+    }
+    if ((rv = nng_dialer_start(d, 0)) != 0) {
+        nng_dialer_close(d);
+        return attnd_client_fail(c, map_nng(rv), "dial %s: %s", url, nng_strerror(rv));
+    }
     c->dialed = 1;
     return ATTND_ERR_OK;
 }
@@ -201,24 +245,42 @@ uint32_t attnd_client_region_next_id(attnd_client *c)
 static const char *body_name(Attnd__Request__BodyCase k)
 {
     switch (k) {
-    case ATTND__REQUEST__BODY_HELLO: return "hello";
-    case ATTND__REQUEST__BODY_REGISTER_REGION: return "register_region";
-    case ATTND__REQUEST__BODY_UNREGISTER_REGION: return "unregister_region";
-    case ATTND__REQUEST__BODY_CREATE: return "create";
-    case ATTND__REQUEST__BODY_FORK: return "fork";
-    case ATTND__REQUEST__BODY_FREE: return "free";
-    case ATTND__REQUEST__BODY_QUERY: return "query";
-    case ATTND__REQUEST__BODY_LIST: return "list";
-    case ATTND__REQUEST__BODY_BEGIN_STEP: return "begin_step";
-    case ATTND__REQUEST__BODY_ATTEND: return "attend";
-    case ATTND__REQUEST__BODY_END_STEP: return "end_step";
-    case ATTND__REQUEST__BODY_MERGE: return "merge";
-    case ATTND__REQUEST__BODY_VARLEN: return "varlen";
-    case ATTND__REQUEST__BODY_BLOCKSPARSE: return "blocksparse";
-    case ATTND__REQUEST__BODY_LINEAR_PREFILL: return "linear_prefill";
-    case ATTND__REQUEST__BODY_LINEAR_DECODE: return "linear_decode";
-    case ATTND__REQUEST__BODY_STATUS: return "status";
-    default: return "request";
+    case ATTND__REQUEST__BODY_HELLO:
+        return "hello";
+    case ATTND__REQUEST__BODY_REGISTER_REGION:
+        return "register_region";
+    case ATTND__REQUEST__BODY_UNREGISTER_REGION:
+        return "unregister_region";
+    case ATTND__REQUEST__BODY_CREATE:
+        return "create";
+    case ATTND__REQUEST__BODY_FORK:
+        return "fork";
+    case ATTND__REQUEST__BODY_FREE:
+        return "free";
+    case ATTND__REQUEST__BODY_QUERY:
+        return "query";
+    case ATTND__REQUEST__BODY_LIST:
+        return "list";
+    case ATTND__REQUEST__BODY_BEGIN_STEP:
+        return "begin_step";
+    case ATTND__REQUEST__BODY_ATTEND:
+        return "attend";
+    case ATTND__REQUEST__BODY_END_STEP:
+        return "end_step";
+    case ATTND__REQUEST__BODY_MERGE:
+        return "merge";
+    case ATTND__REQUEST__BODY_VARLEN:
+        return "varlen";
+    case ATTND__REQUEST__BODY_BLOCKSPARSE:
+        return "blocksparse";
+    case ATTND__REQUEST__BODY_LINEAR_PREFILL:
+        return "linear_prefill";
+    case ATTND__REQUEST__BODY_LINEAR_DECODE:
+        return "linear_decode";
+    case ATTND__REQUEST__BODY_STATUS:
+        return "status";
+    default:
+        return "request";
     }
 }
 
@@ -351,8 +413,7 @@ static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *r
 }
 
 /* Decode a reply and turn an error reply into its code and message. */
-static attnd_err decode(attnd_client *c, const Attnd__Request *req, nng_msg *m,
-                        Attnd__Reply **out)
+static attnd_err decode(attnd_client *c, const Attnd__Request *req, nng_msg *m, Attnd__Reply **out)
 {
     Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
     const char *what = body_name(req->body_case);
@@ -361,8 +422,8 @@ static attnd_err decode(attnd_client *c, const Attnd__Request *req, nng_msg *m,
         return attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply of %zu bytes does not decode",
                                  what, nng_msg_len(m));
     if (rep->id != req->id) {
-        code = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply id %llu for request %llu",
-                                 what, (unsigned long long)rep->id, (unsigned long long)req->id);
+        code = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply id %llu for request %llu", what,
+                                 (unsigned long long)rep->id, (unsigned long long)req->id);
         attnd__reply__free_unpacked(rep, NULL);
         return code;
     }

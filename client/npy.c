@@ -29,7 +29,8 @@ static attnd_err npy_fail(char *err, size_t errlen, attnd_err code, const char *
 int64_t attnd_npy_numel(const attnd_npy *arr)
 {
     int64_t n = 1;
-    for (int32_t d = 0; d < arr->ndim; d++) n *= arr->shape[d];
+    for (int32_t d = 0; d < arr->ndim; d++)
+        n *= arr->shape[d];
     return n;
 }
 
@@ -63,7 +64,8 @@ attnd_err attnd_npy_alloc(attnd_npy *arr, attnd_dtype dtype, int32_t ndim, const
     if (arr->data == NULL) return ATTND_ERR_NO_MEMORY;
     arr->dtype = dtype;
     arr->ndim = ndim;
-    for (int32_t d = 0; d < ndim; d++) arr->shape[d] = shape[d];
+    for (int32_t d = 0; d < ndim; d++)
+        arr->shape[d] = shape[d];
     arr->bytes = bytes;
     return ATTND_ERR_OK;
 }
@@ -104,10 +106,12 @@ static const char *dict_value(const char *hdr, const char *name)
         if ((p = strstr(hdr, key)) == NULL) return NULL;
     }
     p += strlen(key);
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     if (*p != ':') return NULL;
     p++;
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     return p;
 }
 
@@ -118,9 +122,9 @@ static attnd_err parse_descr(const char *hdr, attnd_dtype *dt, char *err, size_t
     char d[16] = {0};
     size_t n = 0;
     if (v == NULL || (*v != '\'' && *v != '"'))
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no descr",
-                        path);
-    for (v++; *v && *v != '\'' && *v != '"' && n < sizeof d - 1;) d[n++] = *v++;
+        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no descr", path);
+    for (v++; *v && *v != '\'' && *v != '"' && n < sizeof d - 1;)
+        d[n++] = *v++;
     /* byte order: '<' little, '=' native (little here), '|' not applicable (1-byte types) */
     if (n == 3 && (d[0] == '<' || d[0] == '=' || d[0] == '|')) {
         for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++) {
@@ -144,7 +148,8 @@ static attnd_err parse_shape(const char *hdr, attnd_npy *arr, char *err, size_t 
     v++;
     arr->ndim = 0;
     for (;;) {
-        while (*v == ' ' || *v == ',') v++;
+        while (*v == ' ' || *v == ',')
+            v++;
         if (*v == ')') return ATTND_ERR_OK;
         if (arr->ndim == ATTND_NPY_MAX_DIMS)
             return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: more than %d dims", path,
@@ -156,7 +161,8 @@ static attnd_err parse_shape(const char *hdr, attnd_npy *arr, char *err, size_t 
                             path, v);
         arr->shape[arr->ndim++] = x;
         v = end;
-        while (*v == 'L') v++; /* Python 2 longs */
+        while (*v == 'L')
+            v++; /* Python 2 longs */
     }
 }
 
@@ -188,8 +194,8 @@ static attnd_err read_preamble(FILE *f, uint32_t *hlen, char *err, size_t errlen
     lenbytes = pre[NPY_MAGIC_LEN] == 1 ? 2 : 4;
     if (fread(len, 1, lenbytes, f) != lenbytes)
         return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: truncated header", path);
-    *hlen = (uint32_t)len[0] | (uint32_t)len[1] << 8 | (uint32_t)len[2] << 16 |
-            (uint32_t)len[3] << 24;
+    *hlen =
+        (uint32_t)len[0] | (uint32_t)len[1] << 8 | (uint32_t)len[2] << 16 | (uint32_t)len[3] << 24;
     if (*hlen == 0 || *hlen > NPY_MAX_HEADER)
         return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header length %u", path,
                         *hlen);
@@ -239,11 +245,13 @@ attnd_err attnd_npy_read(const char *path, attnd_npy *arr, char *err, size_t err
  * in '\n'. Returns its length, 0 when it does not fit. */
 static size_t format_header(const attnd_npy *arr, const char *descr, char *buf, size_t cap)
 {
-    size_t n = (size_t)snprintf(buf, cap, "{'descr': '<%s', 'fortran_order': False, 'shape': (",
-                                descr);
+    size_t n =
+        (size_t)snprintf(buf, cap, "{'descr': '<%s', 'fortran_order': False, 'shape': (", descr);
     for (int32_t d = 0; d < arr->ndim && n < cap; d++)
         n += (size_t)snprintf(buf + n, cap - n, "%lld%s", (long long)arr->shape[d],
-                              arr->ndim == 1 ? "," : d + 1 < arr->ndim ? ", " : "");
+                              arr->ndim == 1      ? ","
+                              : d + 1 < arr->ndim ? ", "
+                                                  : "");
     if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "), }");
     size_t total = (NPY_MAGIC_LEN + 4 + n + 1 + NPY_ALIGN - 1) / NPY_ALIGN * NPY_ALIGN;
     size_t hlen = total - NPY_MAGIC_LEN - 4;
@@ -318,6 +326,7 @@ attnd_err attnd_npy_convert(const attnd_npy *src, attnd_dtype dtype, attnd_npy *
                                                     : (double)((const int64_t *)src->data)[i]);
         return ATTND_ERR_OK;
     }
-    for (int64_t i = 0; i < n; i++) store_f64(dst->data, dtype, i, load_f64(src->data, src->dtype, i));
+    for (int64_t i = 0; i < n; i++)
+        store_f64(dst->data, dtype, i, load_f64(src->data, src->dtype, i));
     return ATTND_ERR_OK;
 }

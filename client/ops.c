@@ -13,8 +13,7 @@ typedef struct ref_field {
     Attnd__TensorRef **slot;
 } ref_field;
 
-static attnd_err encode_refs(attnd_client *c, const ref_field *f, size_t n,
-                             Attnd__TensorRef *store)
+static attnd_err encode_refs(attnd_client *c, const ref_field *f, size_t n, Attnd__TensorRef *store)
 {
     attnd_err rv;
     for (size_t i = 0; i < n; i++) {
@@ -49,9 +48,8 @@ attnd_err attnd_client_attend(attnd_client *c, uint64_t step, uint32_t layer, co
     Attnd__Request req = ATTND__REQUEST__INIT;
     Attnd__Attend m = ATTND__ATTEND__INIT;
     const ref_field f[] = {
-        {"q", q, 0, &m.q},           {"k_new", k_new, 0, &m.k_new},
-        {"v_new", v_new, 0, &m.v_new}, {"out", out, 1, &m.out},
-        {"out_lse", out_lse, 1, &m.out_lse},
+        {"q", q, 0, &m.q},       {"k_new", k_new, 0, &m.k_new},       {"v_new", v_new, 0, &m.v_new},
+        {"out", out, 1, &m.out}, {"out_lse", out_lse, 1, &m.out_lse},
     };
     attnd_ref *const outs[] = {out, out_lse};
     m.step = step;

@@ -23,7 +23,8 @@ static void ref_init(attnd_ref *r, uint32_t region, uint64_t offset, attnd_dtype
     r->offset = offset;
     r->dtype = dtype;
     r->ndim = ndim < 0 ? 0 : ndim > ATTND_REF_MAX_DIMS ? ATTND_REF_MAX_DIMS : ndim;
-    for (int32_t d = 0; d < r->ndim; d++) r->shape[d] = shape[d];
+    for (int32_t d = 0; d < r->ndim; d++)
+        r->shape[d] = shape[d];
 }
 
 void attnd_ref_region(attnd_ref *r, uint32_t region, uint64_t offset, attnd_dtype dtype,

@@ -95,17 +95,17 @@ static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
         int e = errno;
         close(fd);
         shm_unlink(shm->name);
-        return attnd_client_fail(c, e == ENOSPC || e == ENOMEM ? ATTND_ERR_NO_MEMORY
-                                                               : ATTND_ERR_INTERNAL,
-                                 "ftruncate %s to %zu bytes: %s", shm->name, size, strerror(e));
+        return attnd_client_fail(
+            c, e == ENOSPC || e == ENOMEM ? ATTND_ERR_NO_MEMORY : ATTND_ERR_INTERNAL,
+            "ftruncate %s to %zu bytes: %s", shm->name, size, strerror(e));
     }
     base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
         int e = errno;
         shm_unlink(shm->name);
-        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "mmap %s (%zu bytes): %s", shm->name,
-                                 size, strerror(e));
+        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "mmap %s (%zu bytes): %s", shm->name, size,
+                                 strerror(e));
     }
     shm->base = base;
     shm->size = size;
@@ -115,7 +115,6 @@ static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
 static void shm_unmap(attnd_shm *shm)
 {
     if (shm->base != NULL) munmap(shm->base, shm->size);
-    if (shm->name[0] != '\0') shm_unlink(shm->name);
     memset(shm, 0, sizeof *shm);
 }
 
@@ -123,18 +122,19 @@ attnd_err attnd_client_shm_create(attnd_client *c, size_t size, attnd_shm *shm)
 {
     attnd_err rv;
     memset(shm, 0, sizeof *shm);
-    if (size == 0)
-        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "shm_create: size 0");
+    if (size == 0) return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "shm_create: size 0");
     shm->region = attnd_client_region_next_id(c);
     if ((rv = shm_map_new(c, size, shm)) != ATTND_ERR_OK) {
         memset(shm, 0, sizeof *shm);
         return rv;
     }
-    if ((rv = attnd_client_region_register_shm(c, shm->region, shm->name, size)) !=
-        ATTND_ERR_OK) {
+    if ((rv = attnd_client_region_register_shm(c, shm->region, shm->name, size)) != ATTND_ERR_OK) {
+        shm_unlink(shm->name);
         shm_unmap(shm);
         return rv;
     }
+    /* Both sides have it mapped: drop the name, so nothing outlives the two processes. */
+    shm_unlink(shm->name);
     return ATTND_ERR_OK;
 }
 

@@ -26,8 +26,7 @@ static attnd_err seq_call(attnd_client *c, Attnd__Request *req, const char *what
         if (rep->body_case == ATTND__REPLY__BODY_SEQ)
             seq_from_pb(info, rep->seq);
         else if (want)
-            rv = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply without a SequenceInfo",
-                                   what);
+            rv = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply without a SequenceInfo", what);
     }
     attnd__reply__free_unpacked(rep, NULL);
     return rv;
@@ -89,7 +88,8 @@ attnd_err attnd_client_seq_list(attnd_client *c, attnd_seq_info *seqs, size_t ca
     if ((rv = attnd_client_rpc(c, &req, &rep)) != ATTND_ERR_OK) return rv;
     /* An empty list may arrive as an absent body (proto3 drops empty messages' contents). */
     if (rep->body_case == ATTND__REPLY__BODY_SEQS) total = rep->seqs->n_seqs;
-    for (size_t i = 0; i < total && i < cap; i++) seq_from_pb(&seqs[i], rep->seqs->seqs[i]);
+    for (size_t i = 0; i < total && i < cap; i++)
+        seq_from_pb(&seqs[i], rep->seqs->seqs[i]);
     *n = total;
     attnd__reply__free_unpacked(rep, NULL);
     return ATTND_ERR_OK;

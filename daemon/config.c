@@ -39,7 +39,8 @@ static attnd_err check_head_size(const attnd_config *c, const attnd_cfg_key *k, 
 static attnd_err check_block_size(const attnd_config *c, const attnd_cfg_key *k, char *e, size_t n)
 {
     uint32_t v = c->geometry.block_size;
-    if (v != 16 && v != 32 && v != 64) return cfg_fail(e, n, "%s: %u not one of 16, 32, 64", k->name, v);
+    if (v != 16 && v != 32 && v != 64)
+        return cfg_fail(e, n, "%s: %u not one of 16, 32, 64", k->name, v);
     return ATTND_ERR_OK;
 }
 
@@ -50,9 +51,24 @@ static attnd_err check_url(const attnd_config *c, const attnd_cfg_key *k, char *
     if (optional && v[0] == '\0') return ATTND_ERR_OK;
     int ipc = strncmp(v, "ipc://", 6) == 0 && v[6] != '\0';
     int tcp = strncmp(v, "tcp://", 6) == 0 && v[6] != '\0';
-    if (optional ? !tcp : !(ipc || tcp))
+    int tls = strncmp(v, "tls+tcp://", 10) == 0 && v[10] != '\0';
+    if (optional ? !(tcp || tls) : !(ipc || tcp))
         return cfg_fail(e, n, "%s: \"%s\" is not a%s URL", k->name, v,
-                        optional ? " tcp://" : "n ipc:// or tcp://");
+                        optional ? " tcp:// or tls+tcp://" : "n ipc:// or tcp://");
+    return ATTND_ERR_OK;
+}
+
+/* A tls+tcp:// listener needs its certificate and key; a file with no TLS listener is a
+ * mistake worth naming too. */
+static attnd_err check_tls(const attnd_config *c, const attnd_cfg_key *k, char *e, size_t n)
+{
+    int tls = strncmp(c->server.listen_tcp, "tls+tcp://", 10) == 0;
+    int file = c->server.tls_cert_key_file[0] != '\0';
+    if (tls && !file)
+        return cfg_fail(e, n, "%s: required by server.listen_tcp \"%s\"", k->name,
+                        c->server.listen_tcp);
+    if (file && !tls)
+        return cfg_fail(e, n, "%s: set, but server.listen_tcp is not a tls+tcp:// URL", k->name);
     return ATTND_ERR_OK;
 }
 
@@ -79,9 +95,10 @@ static attnd_err check_http(const attnd_config *c, const attnd_cfg_key *k, char 
 
 /* ---------------------------------------------------------------- the table */
 
-static const attnd_cfg_choice backend_choices[] = {
-    {"cpu", ATTND_CFG_BACKEND_CPU}, {"cuda", ATTND_CFG_BACKEND_CUDA},
-    {"auto", ATTND_CFG_BACKEND_AUTO}, {NULL, 0}};
+static const attnd_cfg_choice backend_choices[] = {{"cpu", ATTND_CFG_BACKEND_CPU},
+                                                   {"cuda", ATTND_CFG_BACKEND_CUDA},
+                                                   {"auto", ATTND_CFG_BACKEND_AUTO},
+                                                   {NULL, 0}};
 static const attnd_cfg_choice dtype_choices[] = {{"f16", ATTND_DTYPE_F16},
                                                  {"bf16", ATTND_DTYPE_BF16},
                                                  {"fp8_e4m3", ATTND_DTYPE_FP8_E4M3},
@@ -94,18 +111,24 @@ static const attnd_cfg_choice level_choices[] = {{"error", ATTND_LOG_ERROR},
 
 #define OFF(f) offsetof(attnd_config, f)
 #define NUM(nm, ty, f, lo, hi, def, chk, lv, d)                                                    \
-    {.name = nm, .type = ty, .offset = OFF(f), .min = lo, .max = hi, .def_num = def,             \
-     .check = chk, .live = lv, .doc = d}
+    {                                                                                              \
+        .name = nm, .type = ty, .offset = OFF(f), .min = lo, .max = hi, .def_num = def,            \
+        .check = chk, .live = lv, .doc = d                                                         \
+    }
 #define U32(nm, f, lo, hi, def, chk, lv, d) NUM(nm, ATTND_CFG_U32, f, lo, hi, def, chk, lv, d)
 #define U64(nm, f, lo, hi, def, lv, d) NUM(nm, ATTND_CFG_U64, f, lo, hi, def, NULL, lv, d)
 #define F32(nm, f, lo, hi, def, lv, d) NUM(nm, ATTND_CFG_F32, f, lo, hi, def, NULL, lv, d)
 #define BOOL(nm, f, def, lv, d) NUM(nm, ATTND_CFG_BOOL, f, 0, 1, def, NULL, lv, d)
 #define ENUM(nm, f, ch, def, lv, d)                                                                \
-    {.name = nm, .type = ATTND_CFG_ENUM, .offset = OFF(f), .def_num = def, .choices = ch,        \
-     .live = lv, .doc = d}
+    {                                                                                              \
+        .name = nm, .type = ATTND_CFG_ENUM, .offset = OFF(f), .def_num = def, .choices = ch,       \
+        .live = lv, .doc = d                                                                       \
+    }
 #define STR(nm, f, def, chk, lv, d)                                                                \
-    {.name = nm, .type = ATTND_CFG_STR, .offset = OFF(f), .size = sizeof(((attnd_config *)0)->f), \
-     .def_str = def, .check = chk, .live = lv, .doc = d}
+    {                                                                                              \
+        .name = nm, .type = ATTND_CFG_STR, .offset = OFF(f),                                       \
+        .size = sizeof(((attnd_config *)0)->f), .def_str = def, .check = chk, .live = lv, .doc = d \
+    }
 
 #define I31 2147483647.0
 static const attnd_cfg_key cfg_keys[] = {
@@ -113,10 +136,13 @@ static const attnd_cfg_key cfg_keys[] = {
     U32("threads", threads, 0, 1024, 0, NULL, 0, "cpu backend threads, 0 = online cores"),
     U32("device", device, 0, 64, 0, NULL, 0, "cuda device ordinal"),
     STR("server.listen", server.listen, "ipc:///tmp/attnd.sock", check_url, 0, "main listener"),
-    STR("server.listen_tcp", server.listen_tcp, "", check_url, 0, "optional tcp:// listener"),
+    STR("server.listen_tcp", server.listen_tcp, "", check_url, 0,
+        "optional tcp:// or tls+tcp:// listener"),
     STR("server.ipc_mode", server.ipc_mode, "0660", check_mode, 0, "ipc socket file mode"),
     STR("server.ipc_group", server.ipc_group, "", NULL, 0, "ipc socket file group"),
     STR("server.token", server.token, "", NULL, 1, "shared token asked in Hello"),
+    STR("server.tls_cert_key_file", server.tls_cert_key_file, "", check_tls, 0,
+        "PEM certificate chain and private key for a tls+tcp:// listen_tcp"),
     U32("server.workers", server.workers, 1, 1024, 16, NULL, 0, "nng_ctx receive loops"),
     U32("server.queue_depth", server.queue_depth, 1, 65536, 64, NULL, 0, "executor queue"),
     U64("server.max_message_bytes", server.max_message_bytes, 4096, I31, 64.0 * 1048576, 0,
@@ -127,7 +153,8 @@ static const attnd_cfg_key cfg_keys[] = {
     U32("geometry.num_q_heads", geometry.num_q_heads, 1, 1024, 8, NULL, 0, "query heads"),
     U32("geometry.num_kv_heads", geometry.num_kv_heads, 1, 1024, 2, NULL, 0, "kv heads"),
     U32("geometry.head_size", geometry.head_size, 32, 256, 64, check_head_size, 0, "head size"),
-    U32("geometry.block_size", geometry.block_size, 16, 64, 16, check_block_size, 0, "tokens/block"),
+    U32("geometry.block_size", geometry.block_size, 16, 64, 16, check_block_size, 0,
+        "tokens/block"),
     ENUM("geometry.cache_dtype", geometry.cache_dtype, dtype_choices, ATTND_DTYPE_BF16, 0,
          "kv cache element type"),
     U32("geometry.num_blocks", geometry.num_blocks, 1, I31, 4096, NULL, 0, "kv cache blocks"),
@@ -178,10 +205,14 @@ const char *attnd_config_type_name(attnd_cfg_type type)
 {
     switch (type) {
     case ATTND_CFG_U32:
-    case ATTND_CFG_U64: return "integer";
-    case ATTND_CFG_F32: return "number";
-    case ATTND_CFG_BOOL: return "boolean";
-    default: return "string";
+    case ATTND_CFG_U64:
+        return "integer";
+    case ATTND_CFG_F32:
+        return "number";
+    case ATTND_CFG_BOOL:
+        return "boolean";
+    default:
+        return "string";
     }
 }
 
@@ -191,10 +222,18 @@ static void cfg_set_num(attnd_config *c, const attnd_cfg_key *k, double v)
 {
     void *f = (char *)c + k->offset;
     switch (k->type) {
-    case ATTND_CFG_U32: *(uint32_t *)f = (uint32_t)v; break;
-    case ATTND_CFG_U64: *(uint64_t *)f = (uint64_t)v; break;
-    case ATTND_CFG_F32: *(float *)f = (float)v; break;
-    default: *(int *)f = (int)v; break;
+    case ATTND_CFG_U32:
+        *(uint32_t *)f = (uint32_t)v;
+        break;
+    case ATTND_CFG_U64:
+        *(uint64_t *)f = (uint64_t)v;
+        break;
+    case ATTND_CFG_F32:
+        *(float *)f = (float)v;
+        break;
+    default:
+        *(int *)f = (int)v;
+        break;
     }
 }
 
@@ -225,8 +264,8 @@ static attnd_err cfg_set_enum(attnd_config *c, const attnd_cfg_key *k, const cha
     return cfg_fail(e, n, "%s: \"%s\" not one of %s", k->name, s, names);
 }
 
-static attnd_err cfg_set_number(attnd_config *c, const attnd_cfg_key *k, const json_t *v,
-                                char *e, size_t n)
+static attnd_err cfg_set_number(attnd_config *c, const attnd_cfg_key *k, const json_t *v, char *e,
+                                size_t n)
 {
     double d;
     if (k->type == ATTND_CFG_F32) {
@@ -258,7 +297,8 @@ static attnd_err cfg_set_value(attnd_config *c, const attnd_cfg_key *k, const js
         return ATTND_ERR_OK;
     case ATTND_CFG_STR:
         if (!json_is_string(v)) return cfg_fail(e, n, "%s: expected a string", k->name);
-        if (json_string_length(v) >= k->size || strlen(json_string_value(v)) != json_string_length(v))
+        if (json_string_length(v) >= k->size ||
+            strlen(json_string_value(v)) != json_string_length(v))
             return cfg_fail(e, n, "%s: longer than %zu characters or holds NUL", k->name,
                             k->size - 1);
         snprintf((char *)c + k->offset, k->size, "%s", json_string_value(v));
@@ -266,7 +306,8 @@ static attnd_err cfg_set_value(attnd_config *c, const attnd_cfg_key *k, const js
     case ATTND_CFG_ENUM:
         if (!json_is_string(v)) return cfg_fail(e, n, "%s: expected a string", k->name);
         return cfg_set_enum(c, k, json_string_value(v), e, n);
-    default: return cfg_set_number(c, k, v, e, n);
+    default:
+        return cfg_set_number(c, k, v, e, n);
     }
 }
 
@@ -281,8 +322,7 @@ static int cfg_is_section(const char *prefix)
     return 0;
 }
 
-static attnd_err cfg_walk(attnd_config *c, const json_t *obj, const char *prefix, char *e,
-                          size_t n)
+static attnd_err cfg_walk(attnd_config *c, const json_t *obj, const char *prefix, char *e, size_t n)
 {
     const char *key;
     json_t *v;
@@ -352,8 +392,10 @@ static attnd_err cfg_check_geometry(const attnd_config *c, char *e, size_t n)
 {
     const attnd_cfg_geometry *g = &c->geometry;
     if (g->num_q_heads % g->num_kv_heads)
-        return cfg_fail(e, n, "geometry.num_q_heads: %u is not a multiple of "
-                        "geometry.num_kv_heads (%u)", g->num_q_heads, g->num_kv_heads);
+        return cfg_fail(e, n,
+                        "geometry.num_q_heads: %u is not a multiple of "
+                        "geometry.num_kv_heads (%u)",
+                        g->num_q_heads, g->num_kv_heads);
     if (g->max_blocks_per_seq > g->num_blocks)
         return cfg_fail(e, n, "geometry.max_blocks_per_seq: %u exceeds geometry.num_blocks (%u)",
                         g->max_blocks_per_seq, g->num_blocks);
@@ -399,16 +441,20 @@ attnd_err attnd_config_validate(const attnd_config *c, char *err, size_t n)
 static size_t cfg_value_size(const attnd_cfg_key *k)
 {
     switch (k->type) {
-    case ATTND_CFG_U32: return sizeof(uint32_t);
-    case ATTND_CFG_U64: return sizeof(uint64_t);
-    case ATTND_CFG_F32: return sizeof(float);
-    case ATTND_CFG_STR: return k->size;
-    default: return sizeof(int);
+    case ATTND_CFG_U32:
+        return sizeof(uint32_t);
+    case ATTND_CFG_U64:
+        return sizeof(uint64_t);
+    case ATTND_CFG_F32:
+        return sizeof(float);
+    case ATTND_CFG_STR:
+        return k->size;
+    default:
+        return sizeof(int);
     }
 }
 
-int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart,
-                            size_t n)
+int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart, size_t n)
 {
     int differ = 0;
     if (n) restart[0] = '\0';
@@ -417,8 +463,7 @@ int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *r
         void *dst = (char *)cur + k->offset;
         const void *src = (const char *)next + k->offset;
         size_t sz = cfg_value_size(k);
-        if (k->type == ATTND_CFG_STR ? strcmp(dst, src) == 0 : memcmp(dst, src, sz) == 0)
-            continue;
+        if (k->type == ATTND_CFG_STR ? strcmp(dst, src) == 0 : memcmp(dst, src, sz) == 0) continue;
         if (k->live) {
             memcpy(dst, src, sz);
             continue;

@@ -24,15 +24,16 @@ typedef enum attnd_cfg_backend {
 } attnd_cfg_backend;
 
 typedef struct attnd_cfg_server {
-    char listen[ATTND_CFG_URL_MAX];     /* ipc:// or tcp:// */
-    char listen_tcp[ATTND_CFG_URL_MAX]; /* optional second listener, "" = off */
-    char ipc_mode[8];                   /* octal permissions of the ipc socket file */
-    char ipc_group[ATTND_CFG_NAME_MAX]; /* group owning the ipc socket file, "" = ours */
-    char token[ATTND_CFG_TOKEN_MAX];    /* shared secret asked in Hello, "" = none */
-    uint32_t workers;                   /* concurrent nng_ctx receive loops */
-    uint32_t queue_depth;               /* executor queue slots; full -> UNAVAILABLE */
-    uint64_t max_message_bytes;         /* NNG_OPT_RECVMAXSZ */
-    uint32_t drain_timeout_ms;          /* SIGTERM: wait this long for in-flight work */
+    char listen[ATTND_CFG_URL_MAX];            /* ipc:// or tcp:// */
+    char listen_tcp[ATTND_CFG_URL_MAX];        /* optional second listener, "" = off */
+    char ipc_mode[8];                          /* octal permissions of the ipc socket file */
+    char ipc_group[ATTND_CFG_NAME_MAX];        /* group owning the ipc socket file, "" = ours */
+    char token[ATTND_CFG_TOKEN_MAX];           /* shared secret asked in Hello, "" = none */
+    char tls_cert_key_file[ATTND_CFG_URL_MAX]; /* PEM cert chain + key for tls+tcp:// */
+    uint32_t workers;                          /* concurrent nng_ctx receive loops */
+    uint32_t queue_depth;                      /* executor queue slots; full -> UNAVAILABLE */
+    uint64_t max_message_bytes;                /* NNG_OPT_RECVMAXSZ */
+    uint32_t drain_timeout_ms;                 /* SIGTERM: wait this long for in-flight work */
 } attnd_cfg_server;
 
 typedef struct attnd_cfg_geometry {
@@ -124,8 +125,7 @@ attnd_err attnd_config_load_string(attnd_config *c, const char *json, char *err,
 attnd_err attnd_config_validate(const attnd_config *c, char *err, size_t n);
 /* Copy the live keys of next (already validated) into cur; write the names of restart-only
  * keys whose values differ into restart (comma separated). Returns how many differ. */
-int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart,
-                            size_t n);
+int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart, size_t n);
 /* Effective softmax scale (the configured one, or 1/sqrt(head_size)). */
 float attnd_config_scale(const attnd_config *c);
 

@@ -154,8 +154,8 @@ static int start_modules(daemon_ctx *d)
     attnd_server_start(d->srv);
     return 0;
 fail:
-    ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed code=%s err=\"%s\"",
-              attnd_err_name(rv), err);
+    ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed code=%s err=\"%s\"", attnd_err_name(rv),
+              err);
     return -1;
 }
 
@@ -172,8 +172,8 @@ static void stop_modules(daemon_ctx *d)
 static int run(daemon_ctx *d)
 {
     attnd_loop_hooks hooks = {d, hook_drain, hook_drained, hook_reload, hook_tick};
-    attnd_err rv = attnd_loop_init(&d->loop, &hooks, TICK_MS, d->cfg.server.drain_timeout_ms,
-                                   &d->log);
+    attnd_err rv =
+        attnd_loop_init(&d->loop, &hooks, TICK_MS, d->cfg.server.drain_timeout_ms, &d->log);
     if (rv != ATTND_ERR_OK) {
         ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed err=\"event loop: %s\"",
                   attnd_strerror(rv));
@@ -215,11 +215,21 @@ int main(int argc, char **argv)
     memset(&d, 0, sizeof d);
     while ((c = getopt_long(argc, argv, "c:kvh", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': d.config_path = optarg; break;
-        case 'k': check = 1; break;
-        case 'v': printf("attnd %s (protocol %d)\n", ATTND_VERSION_STRING, ATTND_PROTOCOL_VERSION); return 0;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'c':
+            d.config_path = optarg;
+            break;
+        case 'k':
+            check = 1;
+            break;
+        case 'v':
+            printf("attnd %s (protocol %d)\n", ATTND_VERSION_STRING, ATTND_PROTOCOL_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (d.config_path == NULL || optind != argc) {

@@ -23,12 +23,31 @@ struct attnd_observe {
     attnd_http *http;
     char http_url[ATTND_CFG_URL_MAX];
     char listen[ATTND_CFG_URL_MAX];
+    char listen_json[2 * ATTND_CFG_URL_MAX]; /* JSON-escaped for /status */
     char backend[16];
     attnd_cfg_geometry geo;
     atomic_bool draining;
     atomic_uint_fast64_t loop_tick_ns, exec_tick_ns;
     uint64_t watchdog_ns, last_watchdog_ns; /* loop thread only */
 };
+
+/* src as the inside of a JSON string (quotes, backslashes and control characters escaped). */
+static void json_escape(char *dst, size_t cap, const char *src)
+{
+    size_t n = 0;
+    for (; *src != '\0' && n + 7 < cap; src++) {
+        unsigned char c = (unsigned char)*src;
+        if (c == '"' || c == '\\') {
+            dst[n++] = '\\';
+            dst[n++] = (char)c;
+        } else if (c < 0x20) {
+            n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", c);
+        } else {
+            dst[n++] = (char)c;
+        }
+    }
+    dst[n] = '\0';
+}
 
 attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attnd_log *lg)
 {
@@ -38,6 +57,7 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
     obs->log = lg;
     obs->geo = cfg->geometry;
     snprintf(obs->listen, sizeof(obs->listen), "%s", cfg->server.listen);
+    json_escape(obs->listen_json, sizeof(obs->listen_json), obs->listen);
     snprintf(obs->http_url, sizeof(obs->http_url), "%s", cfg->http.listen);
     snprintf(obs->backend, sizeof(obs->backend), "starting");
     attnd_ratelimit_init(&obs->rl, ATTND_OBSERVE_LOG_RATE, ATTND_OBSERVE_LOG_BURST);
@@ -119,7 +139,7 @@ attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, s
         "\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
         "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
         "\"errors\":%llu}\n",
-        ATTND_VERSION_STRING, obs->backend, obs->listen, attnd_metrics_uptime_s(m),
+        ATTND_VERSION_STRING, obs->backend, obs->listen_json, attnd_metrics_uptime_s(m),
         atomic_load(&obs->draining) ? "true" : "false", g->num_layers, g->num_q_heads,
         g->num_kv_heads, g->head_size, g->block_size, attnd_dtype_name((attnd_dtype)g->cache_dtype),
         g->num_blocks, g->max_blocks_per_seq, (long long)g->num_blocks - (long long)free_blocks,

@@ -39,7 +39,8 @@ void attnd_ops_reply_fini(attnd_ops_reply *r)
     free(r->seq_items);
     free(r->seq_ptrs);
     free(r->step.query_start_loc);
-    for (size_t i = 0; i < r->outputs.n_data; i++) free(r->out_data[i].data);
+    for (size_t i = 0; i < r->outputs.n_data; i++)
+        free(r->out_data[i].data);
     r->seq_items = NULL;
     r->seq_ptrs = NULL;
     r->step.query_start_loc = NULL;
@@ -56,8 +57,7 @@ attnd_err attnd_ops_fail(attnd_ops_reply *r, attnd_err code, const char *fmt, ..
     return code;
 }
 
-attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code,
-                                const char *what)
+attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code, const char *what)
 {
     const char *m = attnd_backend_last_error(o->be);
     return attnd_ops_fail(r, code, "%s: %s", what, m && m[0] ? m : attnd_strerror(code));
@@ -96,7 +96,8 @@ attnd_err attnd_ops_handles_begin(attnd_ops *o, attnd_session *s, attnd_ops_repl
     if (in > o->limits.max_inline_bytes)
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
                               "data: %llu INLINE bytes exceed limits.max_inline_bytes (%llu)",
-                              (unsigned long long)in, (unsigned long long)o->limits.max_inline_bytes);
+                              (unsigned long long)in,
+                              (unsigned long long)o->limits.max_inline_bytes);
     return ATTND_ERR_OK;
 }
 
@@ -161,8 +162,10 @@ size_t attnd_ops_linear_slot_bytes(const attnd_ops *o)
 static void alibi_slopes(float *out, uint32_t n)
 {
     uint32_t p = 1;
-    while (p * 2 <= n) p *= 2;
-    for (uint32_t i = 0; i < p; i++) out[i] = powf(2.0f, -8.0f * (float)(i + 1) / (float)p);
+    while (p * 2 <= n)
+        p *= 2;
+    for (uint32_t i = 0; i < p; i++)
+        out[i] = powf(2.0f, -8.0f * (float)(i + 1) / (float)p);
     for (uint32_t i = 0; i < n - p; i++)
         out[p + i] = powf(2.0f, -8.0f * (float)(2 * i + 1) / (float)(2 * p));
 }
@@ -203,8 +206,10 @@ static attnd_err ops_alloc_alibi(attnd_ops *o)
     alibi_slopes(host, o->geo.num_q_heads);
     if ((rv = attnd_backend_alloc(o->be, bytes, &dev)) != ATTND_ERR_OK) goto done;
     rv = attnd_backend_memcpy(o->be, dev, host, bytes, ATTND_MEMCPY_H2D);
-    if (rv != ATTND_ERR_OK) attnd_backend_free(o->be, dev);
-    else o->alibi = dev;
+    if (rv != ATTND_ERR_OK)
+        attnd_backend_free(o->be, dev);
+    else
+        o->alibi = dev;
 done:
     free(host);
     return rv;
@@ -243,7 +248,8 @@ attnd_err attnd_ops_alloc(attnd_ops **out, const attnd_config *cfg, attnd_backen
 static void free_layers(attnd_ops *o, void **arr)
 {
     if (arr == NULL) return;
-    for (uint32_t l = 0; l < o->geo.num_layers; l++) attnd_backend_free(o->be, arr[l]);
+    for (uint32_t l = 0; l < o->geo.num_layers; l++)
+        attnd_backend_free(o->be, arr[l]);
     free(arr);
 }
 
@@ -292,8 +298,8 @@ static int token_equal(const char *want, const char *got)
     return diff == 0;
 }
 
-static attnd_err op_hello(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                          uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_hello(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                          attnd_ops_reply *r)
 {
     const Attnd__Hello *m = req->hello;
     attnd_err rv;
@@ -333,8 +339,8 @@ static attnd_err op_hello(attnd_ops *o, attnd_session *s, const Attnd__Request *
     return ATTND_ERR_OK;
 }
 
-static attnd_err op_status(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                           uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_status(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                           attnd_ops_reply *r)
 {
     Attnd__StatusReply *st = &r->status;
     (void)s;
@@ -362,8 +368,10 @@ static attnd_err op_register(attnd_ops *o, attnd_session *s, const Attnd__Reques
     const Attnd__RegisterRegion *m = req->register_region;
     (void)pipe;
     if (m->kind == ATTND__REGION_KIND__CUDA_IPC)
-        return attnd_ops_fail(r, ATTND_ERR_UNSUPPORTED, "kind: CUDA_IPC needs the cuda backend "
-                              "(this daemon runs %s)", attnd_backend_name(o->be));
+        return attnd_ops_fail(r, ATTND_ERR_UNSUPPORTED,
+                              "kind: CUDA_IPC needs the cuda backend "
+                              "(this daemon runs %s)",
+                              attnd_backend_name(o->be));
     if (m->kind != ATTND__REGION_KIND__HOST_SHM)
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "kind: %d unknown", (int)m->kind);
     attnd_err rv = attnd_session_region_add(s, m->region, m->shm_name ? m->shm_name : "", m->size,
@@ -376,8 +384,8 @@ static attnd_err op_unregister(attnd_ops *o, attnd_session *s, const Attnd__Requ
 {
     (void)o;
     (void)pipe;
-    attnd_err rv = attnd_session_region_remove(s, req->unregister_region->region, r->msg,
-                                               sizeof r->msg);
+    attnd_err rv =
+        attnd_session_region_remove(s, req->unregister_region->region, r->msg, sizeof r->msg);
     return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
 }
 
@@ -424,8 +432,8 @@ static attnd_err check_new_seq(attnd_ops *o, attnd_session *s, uint64_t id, cons
     return ATTND_ERR_OK;
 }
 
-static attnd_err op_create(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                           uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_create(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                           attnd_ops_reply *r)
 {
     uint64_t id = req->create->seq_id;
     attnd_seq *q;
@@ -450,8 +458,8 @@ static attnd_err copy_linear_state(attnd_ops *o, int32_t src, int32_t dst)
     return rv;
 }
 
-static attnd_err op_fork(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                         uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_fork(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                         attnd_ops_reply *r)
 {
     const Attnd__ForkSequence *m = req->fork;
     attnd_seq *parent, *child;
@@ -464,9 +472,9 @@ static attnd_err op_fork(attnd_ops *o, attnd_session *s, const Attnd__Request *r
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "parent: %llu is in open step %llu",
                               (unsigned long long)parent->id, (unsigned long long)parent->step);
     if ((rv = attnd_cache_fork(o->cache, parent, m->child, &child, &lc)) != ATTND_ERR_OK)
-        return attnd_ops_fail(r, rv, "child: %s", rv == ATTND_ERR_OUT_OF_BLOCKS
-                                                      ? "no free linear state slot"
-                                                      : attnd_strerror(rv));
+        return attnd_ops_fail(r, rv, "child: %s",
+                              rv == ATTND_ERR_OUT_OF_BLOCKS ? "no free linear state slot"
+                                                            : attnd_strerror(rv));
     if (lc.src >= 0 && (rv = copy_linear_state(o, lc.src, lc.dst)) != ATTND_ERR_OK) {
         attnd_cache_release(o->cache, child);
         return attnd_ops_kernel_fail(o, r, rv, "child: copying the linear state");
@@ -475,8 +483,8 @@ static attnd_err op_fork(attnd_ops *o, attnd_session *s, const Attnd__Request *r
     return reply_seq(r, child);
 }
 
-static attnd_err op_free(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                         uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_free(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                         attnd_ops_reply *r)
 {
     attnd_seq *q;
     attnd_err rv;
@@ -491,8 +499,8 @@ static attnd_err op_free(attnd_ops *o, attnd_session *s, const Attnd__Request *r
     return ATTND_ERR_OK;
 }
 
-static attnd_err op_query(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                          uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_query(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                          attnd_ops_reply *r)
 {
     attnd_seq *q;
     attnd_err rv;
@@ -509,8 +517,8 @@ static void list_one(attnd_seq *q, void *arg)
     r->seqs.n_seqs++;
 }
 
-static attnd_err op_list(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                         uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_list(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                         attnd_ops_reply *r)
 {
     (void)req;
     (void)pipe;
@@ -532,39 +540,42 @@ static attnd_err op_list(attnd_ops *o, attnd_session *s, const Attnd__Request *r
 #define OPS_FIRST_BODY ATTND__REQUEST__BODY_HELLO
 #define OPS_LAST_BODY ATTND__REQUEST__BODY_STATUS
 
-static attnd_err op_begin(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                          uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_begin(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                          attnd_ops_reply *r)
 {
     (void)pipe;
     return attnd_step_begin(o, s, req->begin_step, r);
 }
 
-static attnd_err op_attend(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                           uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_attend(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                           attnd_ops_reply *r)
 {
     (void)pipe;
     return attnd_step_attend(o, s, req->attend, r);
 }
 
-static attnd_err op_end(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                        uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_end(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                        attnd_ops_reply *r)
 {
     (void)pipe;
     return attnd_step_end(o, s, req->end_step, r);
 }
 
-static attnd_err op_tensor(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
-                           uint32_t pipe, attnd_ops_reply *r)
+static attnd_err op_tensor(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
+                           attnd_ops_reply *r)
 {
     (void)pipe;
     switch (req->body_case) {
-    case ATTND__REQUEST__BODY_MERGE: return attnd_tensorops_merge(o, s, req->merge, r);
-    case ATTND__REQUEST__BODY_VARLEN: return attnd_tensorops_varlen(o, s, req->varlen, r);
+    case ATTND__REQUEST__BODY_MERGE:
+        return attnd_tensorops_merge(o, s, req->merge, r);
+    case ATTND__REQUEST__BODY_VARLEN:
+        return attnd_tensorops_varlen(o, s, req->varlen, r);
     case ATTND__REQUEST__BODY_BLOCKSPARSE:
         return attnd_tensorops_blocksparse(o, s, req->blocksparse, r);
     case ATTND__REQUEST__BODY_LINEAR_PREFILL:
         return attnd_tensorops_linear_prefill(o, s, req->linear_prefill, r);
-    default: return attnd_tensorops_linear_decode(o, s, req->linear_decode, r);
+    default:
+        return attnd_tensorops_linear_decode(o, s, req->linear_decode, r);
     }
 }
 
@@ -576,8 +587,8 @@ static const struct {
 } ops_table[OPS_LAST_BODY - OPS_FIRST_BODY + 1] = {
     [ATTND__REQUEST__BODY_HELLO - OPS_FIRST_BODY] = {op_hello, 0, "hello"},
     [ATTND__REQUEST__BODY_REGISTER_REGION - OPS_FIRST_BODY] = {op_register, 1, "register_region"},
-    [ATTND__REQUEST__BODY_UNREGISTER_REGION - OPS_FIRST_BODY] = {op_unregister, 1,
-                                                                 "unregister_region"},
+    [ATTND__REQUEST__BODY_UNREGISTER_REGION -
+        OPS_FIRST_BODY] = {op_unregister, 1, "unregister_region"},
     [ATTND__REQUEST__BODY_CREATE - OPS_FIRST_BODY] = {op_create, 1, "create"},
     [ATTND__REQUEST__BODY_FORK - OPS_FIRST_BODY] = {op_fork, 1, "fork"},
     [ATTND__REQUEST__BODY_FREE - OPS_FIRST_BODY] = {op_free, 1, "free"},
@@ -641,9 +652,10 @@ void attnd_ops_handle(attnd_ops *o, const Attnd__Request *req, uint32_t pipe, ui
         snprintf(r->msg, sizeof r->msg, "%s", attnd_strerror(rv));
     if (rv == ATTND_ERR_OK) r->msg[0] = '\0';
     int bc = (int)req->body_case;
-    const char *name = (bc >= OPS_FIRST_BODY && bc <= OPS_LAST_BODY && ops_table[bc - OPS_FIRST_BODY].name)
-                           ? ops_table[bc - OPS_FIRST_BODY].name
-                           : "none";
+    const char *name =
+        (bc >= OPS_FIRST_BODY && bc <= OPS_LAST_BODY && ops_table[bc - OPS_FIRST_BODY].name)
+            ? ops_table[bc - OPS_FIRST_BODY].name
+            : "none";
     if (!attnd_log_enabled(o->log, rv == ATTND_ERR_OK ? ATTND_LOG_DEBUG : ATTND_LOG_INFO) ||
         !ops_log_allowed(o, name, rv, &suppressed))
         return;
@@ -699,4 +711,3 @@ void attnd_ops_log_stats(attnd_ops *o)
               attnd_cache_num_seqs(o->cache), attnd_cache_blocks_free(o->cache), o->geo.num_blocks,
               (unsigned long long)attnd_step_count(o));
 }
-

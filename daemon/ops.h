@@ -47,7 +47,7 @@ typedef struct attnd_ops {
     uint64_t start_ms;
     atomic_uint_fast64_t requests;
     atomic_uint_fast64_t by_code[ATTND_OPS_NCODES];
-    struct attnd_metrics *metrics; /* kernel time and bytes by kind; NULL = not counted */
+    struct attnd_metrics *metrics;     /* kernel time and bytes by kind; NULL = not counted */
     struct attnd_ratelimit *log_limit; /* repeated request errors logged at this rate; NULL = all */
 } attnd_ops;
 
@@ -69,8 +69,8 @@ typedef struct attnd_ops_reply {
 } attnd_ops_reply;
 
 /* Allocate the cache pools and the linear state on backend be (which must outlive ops). */
-attnd_err attnd_ops_alloc(attnd_ops **o, const attnd_config *cfg, attnd_backend *be,
-                          int32_t units, attnd_log *lg);
+attnd_err attnd_ops_alloc(attnd_ops **o, const attnd_config *cfg, attnd_backend *be, int32_t units,
+                          attnd_log *lg);
 /* Release every sequence, step, session and pool. */
 void attnd_ops_free(attnd_ops *o);
 
@@ -98,8 +98,7 @@ void attnd_ops_reply_fini(attnd_ops_reply *r);
 attnd_err attnd_ops_fail(attnd_ops_reply *r, attnd_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A kernel's error as a reply: "<what>: <backend message>". */
-attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code,
-                                const char *what);
+attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code, const char *what);
 /* Move hr's INLINE outputs into the reply (body outputs), in the order they were resolved. */
 void attnd_ops_take_outputs(attnd_ops_reply *r, attnd_handles_req *hr);
 /* Resolve a reference; on error the reply carries it. */

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,8 +24,8 @@ typedef struct srv_slot {
     Attnd__Request *req;
     uint32_t pipe;
     uint64_t t_recv_ms;
-    uint64_t t_recv_ns;           /* for the latency histogram */
-    attnd_metrics_req req_type;   /* for the request counters */
+    uint64_t t_recv_ns;         /* for the latency histogram */
+    attnd_metrics_req req_type; /* for the request counters */
     attnd_ops_reply reply;
 } srv_slot;
 
@@ -48,15 +49,22 @@ struct attnd_server {
 static attnd_err map_nng(int rv)
 {
     switch (rv) {
-    case 0: return ATTND_ERR_OK;
-    case NNG_ENOMEM: return ATTND_ERR_NO_MEMORY;
-    case NNG_EADDRINUSE: return ATTND_ERR_UNAVAILABLE;
+    case 0:
+        return ATTND_ERR_OK;
+    case NNG_ENOMEM:
+        return ATTND_ERR_NO_MEMORY;
+    case NNG_EADDRINUSE:
+        return ATTND_ERR_UNAVAILABLE;
     case NNG_EADDRINVAL:
     case NNG_EINVAL:
-    case NNG_ENOTSUP: return ATTND_ERR_INVALID_ARGUMENT;
-    case NNG_ENOENT: return ATTND_ERR_NOT_FOUND;
-    case NNG_EPERM: return ATTND_ERR_PERMISSION_DENIED;
-    default: return ATTND_ERR_INTERNAL;
+    case NNG_ENOTSUP:
+        return ATTND_ERR_INVALID_ARGUMENT;
+    case NNG_ENOENT:
+        return ATTND_ERR_NOT_FOUND;
+    case NNG_EPERM:
+        return ATTND_ERR_PERMISSION_DENIED;
+    default:
+        return ATTND_ERR_INTERNAL;
     }
 }
 
@@ -68,10 +76,20 @@ static uint32_t pipes_find(const attnd_server *srv, uint32_t id)
     uint32_t lo = 0, hi = srv->npipes;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (srv->pipes[mid] < id) lo = mid + 1;
-        else hi = mid;
+        if (srv->pipes[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
+}
+
+/* The connections gauge follows the set (caller holds pipes_mu, so updates land in order). */
+static void pipes_gauge(attnd_server *srv)
+{
+    if (srv->obs)
+        attnd_metrics_gauge_set(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_CONNECTIONS,
+                                srv->npipes);
 }
 
 static void pipes_add(attnd_server *srv, uint32_t id)
@@ -89,6 +107,7 @@ static void pipes_add(attnd_server *srv, uint32_t id)
     srv->pipes[i] = id;
     srv->npipes++;
 done:
+    pipes_gauge(srv);
     pthread_mutex_unlock(&srv->pipes_mu);
 }
 
@@ -100,6 +119,7 @@ static void pipes_remove(attnd_server *srv, uint32_t id)
         srv->npipes--;
         memmove(srv->pipes + i, srv->pipes + i + 1, (size_t)(srv->npipes - i) * sizeof(uint32_t));
     }
+    pipes_gauge(srv);
     pthread_mutex_unlock(&srv->pipes_mu);
 }
 
@@ -263,7 +283,8 @@ static void slot_on_request(srv_slot *sl)
     sl->t_recv_ns = attnd_metrics_now_ns();
     atomic_fetch_add(&srv->busy, 1);
     size_t len = nng_msg_len(msg);
-    Attnd__Request *req = attnd_server_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
+    Attnd__Request *req =
+        attnd_server_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
     nng_msg_free(msg);
     /* every received message is answered by slot_send, which counts it out again */
     sl->req_type = attnd_metrics_req_from_field(req ? (uint32_t)req->body_case : 0);
@@ -285,7 +306,8 @@ static void slot_on_request(srv_slot *sl)
     if (attnd_exec_submit(srv->ex, server_exec_cb, sl) != ATTND_ERR_OK) {
         sl->req = NULL;
         attnd__request__free_unpacked(req, NULL);
-        snprintf(text, sizeof text, "queue: full (server.queue_depth = %u), retry", srv->queue_depth);
+        snprintf(text, sizeof text, "queue: full (server.queue_depth = %u), retry",
+                 srv->queue_depth);
         slot_send_error(sl, id, ATTND_ERR_UNAVAILABLE, text);
     }
 }
@@ -303,8 +325,7 @@ static void server_slot_cb(void *arg)
     }
     if (rv != 0) {
         /* closed or cancelled: we are stopping; anything else: keep serving */
-        if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && !atomic_load(&srv->stopping))
-            slot_recv(sl);
+        if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && !atomic_load(&srv->stopping)) slot_recv(sl);
         return;
     }
     if (atomic_load(&srv->stopping)) {
@@ -325,14 +346,13 @@ static void server_pipe_gone_exec(void *arg, uint64_t pipe)
 static void server_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     attnd_server *srv = arg;
-    if (srv->obs && (ev == NNG_PIPE_EV_ADD_POST || ev == NNG_PIPE_EV_REM_POST))
-        attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_CONNECTIONS,
-                                ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* draining: refuse new connections here, not by closing the listeners, which would
          * also close the connections whose replies are still on their way */
-        if (atomic_load(&srv->draining)) nng_pipe_close(p);
-        else pipes_add(srv, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
+        if (atomic_load(&srv->draining))
+            nng_pipe_close(p);
+        else
+            pipes_add(srv, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
         return;
     }
     if (ev != NNG_PIPE_EV_REM_POST) return;
@@ -360,6 +380,21 @@ static attnd_err ipc_apply_group(const char *url, const attnd_cfg_server *c, cha
     return ATTND_ERR_OK;
 }
 
+/* TLS for a tls+tcp:// listener: NNG's engine (mbedTLS in Debian's build) with the configured
+ * certificate chain and key. On a bad file err names the key. */
+static int server_tls(nng_listener l, const attnd_cfg_server *c, char *err, size_t n)
+{
+    nng_tls_config *tls = NULL;
+    int rv = nng_tls_config_alloc(&tls, NNG_TLS_MODE_SERVER);
+    if (rv == 0) rv = nng_tls_config_cert_key_file(tls, c->tls_cert_key_file, NULL);
+    if (rv != 0 && tls != NULL)
+        snprintf(err, n, "server.tls_cert_key_file: %s: %s", c->tls_cert_key_file,
+                 nng_strerror(rv));
+    if (rv == 0) rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
+    if (tls != NULL) nng_tls_config_free(tls); /* the listener holds its own reference */
+    return rv != 0 && err[0] ? NNG_EINVAL : rv;
+}
+
 static attnd_err server_listen(attnd_server *srv, const char *key, const char *url,
                                const attnd_cfg_server *c, char *err, size_t n)
 {
@@ -368,6 +403,8 @@ static attnd_err server_listen(attnd_server *srv, const char *key, const char *u
     int rv = nng_listener_create(l, srv->sock, url);
     if (rv == 0 && ipc)
         rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)strtol(c->ipc_mode, NULL, 8));
+    if (rv == 0 && strncmp(url, "tls+tcp://", 10) == 0) rv = server_tls(*l, c, err, n);
+    if (rv == NNG_EINVAL && err[0]) return ATTND_ERR_INVALID_ARGUMENT;
     if (rv == 0) rv = nng_listener_start(*l, 0);
     if (rv != 0) {
         snprintf(err, n, "%s: cannot listen on %s: %s", key, url, nng_strerror(rv));
@@ -385,10 +422,10 @@ static attnd_err server_open(attnd_server *srv, const attnd_config *cfg, char *e
     const attnd_cfg_server *c = &cfg->server;
     attnd_err rv;
     int nrv = nng_rep0_open(&srv->sock);
-    if (nrv == 0) nrv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, (size_t)c->max_message_bytes);
+    if (nrv == 0)
+        nrv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, (size_t)c->max_message_bytes);
     if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, server_pipe_cb, srv);
     if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, server_pipe_cb, srv);
-    if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, server_pipe_cb, srv);
     if (nrv != 0) {
         snprintf(err, n, "server: socket: %s", nng_strerror(nrv));
         return map_nng(nrv);
@@ -403,8 +440,7 @@ static attnd_err server_open(attnd_server *srv, const attnd_config *cfg, char *e
         }
     }
     if ((rv = server_listen(srv, "server.listen", c->listen, c, err, n)) != ATTND_ERR_OK) return rv;
-    if (c->listen_tcp[0])
-        return server_listen(srv, "server.listen_tcp", c->listen_tcp, c, err, n);
+    if (c->listen_tcp[0]) return server_listen(srv, "server.listen_tcp", c->listen_tcp, c, err, n);
     return ATTND_ERR_OK;
 }
 
@@ -442,7 +478,8 @@ void attnd_server_set_observe(attnd_server *srv, attnd_observe *obs)
 
 void attnd_server_start(attnd_server *srv)
 {
-    for (uint32_t i = 0; i < srv->nslots; i++) slot_recv(&srv->slots[i]);
+    for (uint32_t i = 0; i < srv->nslots; i++)
+        slot_recv(&srv->slots[i]);
 }
 
 void attnd_server_drain(attnd_server *srv)

@@ -15,8 +15,8 @@ typedef struct attnd_step {
     attnd_seq **seqs;
     void *ws; /* host plan workspace */
     attnd_plan plan;
-    void *dev_index; /* the plan's index arrays where the backend reads them */
-    void *ws3d;      /* backend workspace of the 3D launches */
+    void *dev_index;  /* the plan's index arrays where the backend reads them */
+    void *ws3d;       /* backend workspace of the 3D launches */
     uint8_t *written; /* [num_layers]: an Attend wrote this layer's K/V */
     struct attnd_step *next;
 } attnd_step;
@@ -35,12 +35,15 @@ static void step_destroy(attnd_ops *o, attnd_step *st)
 static void step_finish(attnd_ops *o, attnd_step *st, int commit)
 {
     for (uint32_t i = 0; i < st->nseqs; i++) {
-        if (commit) attnd_cache_commit(o->cache, st->seqs[i]);
-        else attnd_cache_abort(o->cache, st->seqs[i]);
+        if (commit)
+            attnd_cache_commit(o->cache, st->seqs[i]);
+        else
+            attnd_cache_abort(o->cache, st->seqs[i]);
         st->seqs[i]->step = 0;
     }
     attnd_step **pp = &o->steps;
-    while (*pp && *pp != st) pp = &(*pp)->next;
+    while (*pp && *pp != st)
+        pp = &(*pp)->next;
     if (*pp) *pp = st->next;
     step_destroy(o, st);
 }
@@ -55,7 +58,8 @@ static attnd_step *step_find(attnd_ops *o, uint64_t owner, uint64_t id)
 uint64_t attnd_step_count(const attnd_ops *o)
 {
     uint64_t n = 0;
-    for (const attnd_step *st = o->steps; st; st = st->next) n++;
+    for (const attnd_step *st = o->steps; st; st = st->next)
+        n++;
     return n;
 }
 
@@ -72,7 +76,8 @@ void attnd_step_abort_session(attnd_ops *o, attnd_session *s)
 
 void attnd_step_free_all(attnd_ops *o)
 {
-    while (o->steps) step_finish(o, o->steps, 0);
+    while (o->steps)
+        step_finish(o, o->steps, 0);
 }
 
 /* ---------------------------------------------------------------- BeginStep */
@@ -92,8 +97,9 @@ static attnd_err begin_validate(attnd_ops *o, attnd_session *s, const Attnd__Beg
                                   "seqs[%zu].seq_id: %llu %s", i, (unsigned long long)e->seq_id,
                                   e->seq_id ? "not found in this session" : "is reserved");
         if (q->step == id)
-            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs[%zu].seq_id: %llu listed twice",
-                                  i, (unsigned long long)q->id);
+            return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                                  "seqs[%zu].seq_id: %llu listed twice", i,
+                                  (unsigned long long)q->id);
         if (q->step)
             return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
                                   "seqs[%zu].seq_id: %llu is in open step %llu", i,
@@ -139,7 +145,8 @@ static attnd_err begin_reserve(attnd_ops *o, const Attnd__BeginStep *m, attnd_st
     attnd_err rv;
     for (uint32_t i = 0; i < st->nseqs; i++) {
         rv = attnd_cache_reserve(o->cache, st->seqs[i], m->seqs[i]->new_tokens, &cow);
-        if (rv == ATTND_ERR_OK && cow.src >= 0 && (rv = copy_block(o, cow.src, cow.dst)) != ATTND_ERR_OK) {
+        if (rv == ATTND_ERR_OK && cow.src >= 0 &&
+            (rv = copy_block(o, cow.src, cow.dst)) != ATTND_ERR_OK) {
             attnd_cache_abort(o->cache, st->seqs[i]);
             return attnd_ops_kernel_fail(o, r, rv, "copy-on-write");
         }
@@ -166,12 +173,12 @@ static attnd_err begin_plan(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
     if (bytes == 0 || (st->ws = malloc(bytes)) == NULL) goto done;
     if ((rv = attnd_sched_plan(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes))) goto done;
     if ((rv = attnd_ops_upload(o, st->ws, st->plan.index_bytes, &st->dev_index))) goto done;
-    if (st->plan.workspace_3d)
-        rv = attnd_backend_alloc(o->be, st->plan.workspace_3d, &st->ws3d);
+    if (st->plan.workspace_3d) rv = attnd_backend_alloc(o->be, st->plan.workspace_3d, &st->ws3d);
 done:
     free(in);
-    return rv == ATTND_ERR_OK ? rv : attnd_ops_fail(r, rv, "step: planning failed: %s",
-                                                     attnd_strerror(rv));
+    return rv == ATTND_ERR_OK
+               ? rv
+               : attnd_ops_fail(r, rv, "step: planning failed: %s", attnd_strerror(rv));
 }
 
 static attnd_err begin_reply(attnd_step *st, attnd_ops_reply *r)
@@ -197,11 +204,15 @@ attnd_err attnd_step_begin(attnd_ops *o, attnd_session *s, const Attnd__BeginSte
     attnd_err rv;
     if (m->n_seqs == 0) return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs: empty");
     if (m->n_seqs > o->limits.max_seqs)
-        return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs: %zu entries, over "
-                              "limits.max_seqs (%u)", m->n_seqs, o->limits.max_seqs);
+        return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                              "seqs: %zu entries, over "
+                              "limits.max_seqs (%u)",
+                              m->n_seqs, o->limits.max_seqs);
     if (s->nsteps >= o->limits.max_steps)
-        return attnd_ops_fail(r, ATTND_ERR_UNAVAILABLE, "step: session has limits.max_steps (%u) "
-                              "open", o->limits.max_steps);
+        return attnd_ops_fail(r, ATTND_ERR_UNAVAILABLE,
+                              "step: session has limits.max_steps (%u) "
+                              "open",
+                              o->limits.max_steps);
     attnd_step *st = calloc(1, sizeof *st);
     if (st == NULL || (st->seqs = calloc(m->n_seqs, sizeof *st->seqs)) == NULL ||
         (st->written = calloc(o->geo.num_layers, 1)) == NULL) {
@@ -330,8 +341,8 @@ static void clock_mark(kernel_clock *kc, int kind, uint64_t bytes)
 /* KV rows a launch reads, at most: every sequence at the launch's longest length. */
 static uint64_t launch_kv_bytes(const attnd_ops *o, const attnd_launch *l)
 {
-    return (uint64_t)l->nseqs * (uint64_t)l->max_seq_len * o->geo.num_kv_heads *
-           o->geo.head_size * attnd_dtype_size((attnd_dtype)o->geo.cache_dtype) * 2u;
+    return (uint64_t)l->nseqs * (uint64_t)l->max_seq_len * o->geo.num_kv_heads * o->geo.head_size *
+           attnd_dtype_size((attnd_dtype)o->geo.cache_dtype) * 2u;
 }
 
 static void clock_report(const attnd_ops *o, const kernel_clock *kc)
@@ -339,8 +350,7 @@ static void clock_report(const attnd_ops *o, const kernel_clock *kc)
     if (o->metrics == NULL) return;
     for (int k = 0; k < ATTND_METRICS_KERNEL_COUNT; k++)
         if (kc->ns[k] != 0 || kc->bytes[k] != 0)
-            attnd_metrics_kernel(o->metrics, (attnd_metrics_kernel_kind)k, kc->ns[k],
-                                 kc->bytes[k]);
+            attnd_metrics_kernel(o->metrics, (attnd_metrics_kernel_kind)k, kc->ns[k], kc->bytes[k]);
 }
 
 static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const attend_io *io,
@@ -371,11 +381,11 @@ static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const 
         else
             rv = attnd_paged_attention_2d(o->be, &p);
         if (rv != ATTND_ERR_OK)
-            return attnd_ops_kernel_fail(o, r, rv, l->kind == ATTND_LAUNCH_3D
-                                                       ? "paged_attention_3d"
-                                                       : "paged_attention_2d");
-        clock_mark(&kc, l->kind == ATTND_LAUNCH_3D ? ATTND_METRICS_KERNEL_PAGED_3D
-                                                   : ATTND_METRICS_KERNEL_PAGED_2D,
+            return attnd_ops_kernel_fail(
+                o, r, rv, l->kind == ATTND_LAUNCH_3D ? "paged_attention_3d" : "paged_attention_2d");
+        clock_mark(&kc,
+                   l->kind == ATTND_LAUNCH_3D ? ATTND_METRICS_KERNEL_PAGED_3D
+                                              : ATTND_METRICS_KERNEL_PAGED_2D,
                    tensor_bytes(&p.q) + tensor_bytes(&p.out) + launch_kv_bytes(o, l));
     }
     /* the reply tells the client its output is ready: wait for the device */
@@ -437,8 +447,9 @@ static attnd_err clear_unwritten(attnd_ops *o, attnd_step *st, attnd_ops_reply *
     attnd_ops_release(o, dev, zeros);
     free(zeros);
     if (rv != ATTND_ERR_OK)
-        return attnd_ops_kernel_fail(o, r, rv, "end_step: clearing a layer no Attend wrote "
-                                               "failed, step aborted");
+        return attnd_ops_kernel_fail(o, r, rv,
+                                     "end_step: clearing a layer no Attend wrote "
+                                     "failed, step aborted");
     return ATTND_ERR_OK;
 }
 

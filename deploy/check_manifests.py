@@ -156,17 +156,19 @@ def check_containerfile(deploy, attnd):
           "Containerfile: the entrypoint is the daemon")
     check(re.search(r"^VOLUME \[\"/run/attnd\"\]", text, re.M) is not None,
           "Containerfile: the socket directory is a volume")
-    m = re.search(r"install -D -m 0644 (\S+) /out/etc/attnd/attnd.json", text)
-    src = os.path.join(deploy, "..", m.group(1)) if m else None
-    check(src is not None and os.path.exists(src), f"Containerfile: its default config exists ({src})")
-    if src and os.path.exists(src):
-        with open(src) as f:
-            conf_text = f.read()
-        conf = json.loads(conf_text)
-        check(conf.get("server", {}).get("listen") == "ipc:///run/attnd/attnd.sock",
-              "the container's default config listens in the volume")
-        if attnd:
-            daemon_accepts(attnd, m.group(1), conf_text)
+    check(re.search(r"^RUN deploy/build-release.sh /src /build /out /meta ", text, re.M) is not None,
+          "Containerfile: builds with deploy/build-release.sh (what deploy_release_build runs)")
+    conf_path = os.path.join(deploy, "attnd.container.json")
+    with open(os.path.join(deploy, "build-release.sh")) as f:
+        check('"$src/deploy/attnd.container.json" "$out/etc/attnd/attnd.json"' in f.read(),
+              "build-release.sh installs deploy/attnd.container.json as the image's config")
+    with open(conf_path) as f:
+        conf_text = f.read()
+    conf = json.loads(conf_text)
+    check(conf.get("server", {}).get("listen") == "ipc:///run/attnd/attnd.sock",
+          "the container's default config listens in the volume")
+    if attnd:
+        daemon_accepts(attnd, "deploy/attnd.container.json", conf_text)
 
 
 def main(argv):

@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git libuv1-dev libprotobuf-c-dev protobuf-c-compiler
       libnng-dev libjansson-dev libcriterion-dev python3 python3-numpy systemd
-      libsystemd-dev python3-yaml clang libclang-rt-14-dev)
+      libsystemd-dev python3-yaml clang libclang-rt-14-dev openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,11 +6,14 @@
  * code; after each one the good client must have completed another correct step; at the end
  * nothing is lost (every block free again) and the daemon exits cleanly. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -21,11 +24,11 @@
 #include "testutil.h"
 
 /* Few blocks, so one request can run the pool dry while the good client holds some. */
-#define CONFIG                                                                                   \
-    "{\"backend\": \"cpu\", \"threads\": 2, \"server\": {\"listen\": \"@URL@\"},"               \
-    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                \
-    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 64,"      \
-    " \"max_blocks_per_seq\": 64},"                                                              \
+#define CONFIG                                                                                     \
+    "{\"backend\": \"cpu\", \"threads\": 2, \"server\": {\"listen\": \"@URL@\"},"                  \
+    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
+    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 64,"       \
+    " \"max_blocks_per_seq\": 64},"                                                                \
     " \"log\": {\"level\": \"error\", \"stats_interval_s\": 0}}"
 
 /* The good client holds at most 2 x ceil((33 + MAX_GOOD_STEPS) / 16) blocks. */
@@ -53,15 +56,15 @@ static void *good_loop(void *arg)
     good_client *g = arg;
     attnd_step_seq prefill[2] = {{1, 20}, {2, 33}}, decode[2] = {{1, 1}, {2, 1}};
     struct timespec nap = {0, 200000};
-    attnd_err rv = attnd_e2e_step(g->c, &g->m, &g->shm, ATTND_DTYPE_F32, 0, prefill, 2, 0, &g->r,
-                                  &g->errs);
+    attnd_err rv =
+        attnd_e2e_step(g->c, &g->m, &g->shm, ATTND_DTYPE_F32, 0, prefill, 2, 0, &g->r, &g->errs);
     while (rv == ATTND_ERR_OK && !atomic_load(&g->stop)) {
         if (atomic_load(&g->steps) >= atomic_load(&g->target)) {
             nanosleep(&nap, NULL);
             continue;
         }
-        rv = attnd_e2e_step(g->c, &g->m, &g->shm, ATTND_DTYPE_F32, 0, decode, 2, 0, &g->r,
-                            &g->errs);
+        rv =
+            attnd_e2e_step(g->c, &g->m, &g->shm, ATTND_DTYPE_F32, 0, decode, 2, 0, &g->r, &g->errs);
         if (rv == ATTND_ERR_OK) atomic_fetch_add(&g->steps, 1);
     }
     atomic_store(&g->failed, rv);
@@ -74,9 +77,9 @@ static void good_start(good_client *g, const attnd_daemon_proc *d)
     cr_assert_not_null(g->c = attnd_daemon_connect(d, 20000));
     const attnd_geometry *geo = &attnd_client_server(g->c)->geometry;
     cr_assert_eq(attnd_mirror_init(&g->m, geo, NULL, 40 + MAX_GOOD_STEPS), 0);
-    cr_assert_eq(attnd_client_shm_create(g->c, attnd_e2e_io_bytes(geo, ATTND_DTYPE_F32, 64),
-                                         &g->shm),
-                 ATTND_ERR_OK);
+    cr_assert_eq(
+        attnd_client_shm_create(g->c, attnd_e2e_io_bytes(geo, ATTND_DTYPE_F32, 64), &g->shm),
+        ATTND_ERR_OK);
     for (uint64_t id = 1; id <= 2; id++) {
         cr_assert_eq(attnd_client_seq_create(g->c, id, NULL), ATTND_ERR_OK);
         cr_assert_eq(attnd_mirror_create(&g->m, id), 0);
@@ -113,12 +116,14 @@ static void good_finish(good_client *g)
     pthread_join(g->thread, NULL);
     cr_assert_eq(g->failed, ATTND_ERR_OK, "good client: %s", attnd_err_name(g->failed));
     cr_assert_eq(atomic_load(&g->steps), atomic_load(&g->target));
-    cr_expect_leq(g->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "good client out vs CPU op: %.3g", g->errs.direct);
+    cr_expect_leq(g->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32),
+                  "good client out vs CPU op: %.3g", g->errs.direct);
     cr_expect_leq(g->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "good client lse vs CPU op: %.3g",
                   g->errs.direct_lse);
     cr_expect_leq(g->errs.ref, attnd_tol_for(ATTND_DTYPE_F32), "good client vs reference: %.3g",
                   g->errs.ref);
-    cr_expect_leq(g->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "good client lse vs reference: %.3g", g->errs.ref_lse);
+    cr_expect_leq(g->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "good client lse vs reference: %.3g",
+                  g->errs.ref_lse);
     fprintf(stderr, "badinput: good client ran %d decode steps (%lld attends), worst %.2g\n",
             atomic_load(&g->steps), (long long)g->errs.attends, g->errs.ref);
     cr_assert_eq(attnd_client_seq_free(g->c, 1), ATTND_ERR_OK);
@@ -250,13 +255,13 @@ typedef struct bad_client {
 } bad_client;
 
 /* Expect code from a call, and progress of the good client after it. */
-#define EXPECT_CODE(g, call, code)                                                               \
-    do {                                                                                         \
-        int t_ = good_request(g);                                                                \
-        attnd_err rv_ = (call);                                                                  \
-        cr_assert_eq(rv_, code, "%s: got %s (%s), expected %s", #call, attnd_err_name(rv_),       \
-                     attnd_client_last_error(b->c), attnd_err_name(code));                       \
-        good_wait(g, t_, #call);                                                                 \
+#define EXPECT_CODE(g, call, code)                                                                 \
+    do {                                                                                           \
+        int t_ = good_request(g);                                                                  \
+        attnd_err rv_ = (call);                                                                    \
+        cr_assert_eq(rv_, code, "%s: got %s (%s), expected %s", #call, attnd_err_name(rv_),        \
+                     attnd_client_last_error(b->c), attnd_err_name(code));                         \
+        good_wait(g, t_, #call);                                                                   \
     } while (0)
 
 static void sequence_cases(bad_client *b, good_client *g)
@@ -312,9 +317,10 @@ static void tensor_cases(bad_client *b, good_client *g)
     EXPECT_CODE(g, attnd_client_attend(b->c, 999999, 0, &io.rq, &io.rk, &io.rv, &io.rout, NULL),
                 ATTND_ERR_NOT_FOUND);
     EXPECT_CODE(g, attnd_client_step_end(b->c, 999999, 0), ATTND_ERR_NOT_FOUND);
-    EXPECT_CODE(g, attnd_client_attend(b->c, step, b->geo->num_layers, &io.rq, &io.rk, &io.rv,
-                                       &io.rout, NULL),
-                ATTND_ERR_INVALID_ARGUMENT);
+    EXPECT_CODE(
+        g,
+        attnd_client_attend(b->c, step, b->geo->num_layers, &io.rq, &io.rk, &io.rv, &io.rout, NULL),
+        ATTND_ERR_INVALID_ARGUMENT);
     /* outside the region: the last row would end past its end */
     q = io.rq;
     q.offset = b->shm.size - 64;
@@ -364,33 +370,53 @@ static void tensor_cases(bad_client *b, good_client *g)
     EXPECT_CODE(g, ATTEND(&q, &io.rk, &io.rv, &io.rout, NULL), ATTND_ERR_INVALID_ARGUMENT);
 #undef ATTEND
     /* none of that touched the step: it still attends exactly as the mirror says, and commits */
-    cr_assert_eq(attnd_e2e_attend_layers(b->c, &b->m, &b->shm, ATTND_DTYPE_F32, 0, step, &b->r,
-                                         &b->errs),
-                 ATTND_ERR_OK);
+    cr_assert_eq(
+        attnd_e2e_attend_layers(b->c, &b->m, &b->shm, ATTND_DTYPE_F32, 0, step, &b->r, &b->errs),
+        ATTND_ERR_OK);
     cr_assert_eq(attnd_client_step_end(b->c, step, 0), ATTND_ERR_OK);
     attnd_mirror_end(&b->m, 1);
     attnd_step_seq s = {7, 1};
-    cr_assert_eq(attnd_e2e_step(b->c, &b->m, &b->shm, ATTND_DTYPE_F32, 0, &s, 1, 0, &b->r,
-                                &b->errs),
-                 ATTND_ERR_OK);
-    cr_expect_leq(b->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "after bad attends, vs CPU op: %.3g", b->errs.direct);
+    cr_assert_eq(
+        attnd_e2e_step(b->c, &b->m, &b->shm, ATTND_DTYPE_F32, 0, &s, 1, 0, &b->r, &b->errs),
+        ATTND_ERR_OK);
+    cr_expect_leq(b->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32),
+                  "after bad attends, vs CPU op: %.3g", b->errs.direct);
     cr_expect_leq(b->errs.ref, attnd_tol_for(ATTND_DTYPE_F32), "after bad attends: %.3g",
                   b->errs.ref);
 }
 
+/* A named shm object of `size` bytes the test keeps linked (the client helper unlinks its own
+ * names once mapped). */
+static void named_shm(char *name, size_t n, size_t size)
+{
+    snprintf(name, n, "/attnd-badinput-%ld", (long)getpid());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)size), 0);
+    close(fd);
+}
+
 static void region_cases(bad_client *b, good_client *g)
 {
-    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 0, b->shm.name, 64),
-                ATTND_ERR_INVALID_ARGUMENT);
-    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, b->shm.region, b->shm.name, 64),
+    char name[64];
+    named_shm(name, sizeof name, 4096);
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 0, name, 64), ATTND_ERR_INVALID_ARGUMENT);
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, b->shm.region, name, 64),
                 ATTND_ERR_ALREADY_EXISTS);
     EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 90, "/attnd-no-such-object", 64),
                 ATTND_ERR_NOT_FOUND);
-    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 91, b->shm.name, b->shm.size + 4096),
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 90, "no-slash", 64),
                 ATTND_ERR_INVALID_ARGUMENT);
-    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 92, b->shm.name, 0),
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 90, "/dev/../etc/passwd", 64),
                 ATTND_ERR_INVALID_ARGUMENT);
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 91, name, 4096 + 4096),
+                ATTND_ERR_INVALID_ARGUMENT);
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 92, name, 0), ATTND_ERR_INVALID_ARGUMENT);
+    /* the name itself is fine: it registers, and unregisters once */
+    EXPECT_CODE(g, attnd_client_region_register_shm(b->c, 93, name, 4096), ATTND_ERR_OK);
+    EXPECT_CODE(g, attnd_client_region_unregister(b->c, 93), ATTND_ERR_OK);
     EXPECT_CODE(g, attnd_client_region_unregister(b->c, 93), ATTND_ERR_NOT_FOUND);
+    shm_unlink(name);
 }
 
 /* b names the good client's sequences, step and region: none of them exist for b. */
@@ -442,8 +468,9 @@ Test(badinput, every_bad_request_gets_its_code_and_the_good_client_is_served, .t
     b.geo = &attnd_client_server(b.c)->geometry;
     /* make the ids differ from the good client's, so "foreign" is really foreign */
     (void)attnd_client_region_next_id(b.c);
-    cr_assert_eq(attnd_client_shm_create(b.c, attnd_e2e_io_bytes(b.geo, ATTND_DTYPE_F32, 8), &b.shm),
-                 ATTND_ERR_OK);
+    cr_assert_eq(
+        attnd_client_shm_create(b.c, attnd_e2e_io_bytes(b.geo, ATTND_DTYPE_F32, 8), &b.shm),
+        ATTND_ERR_OK);
     cr_assert_eq(attnd_mirror_init(&b.m, b.geo, NULL, 64), 0);
     attnd_rng_seed(&b.r, 32);
 

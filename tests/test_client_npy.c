@@ -30,13 +30,15 @@ static void round_trip(attnd_dtype dt, int32_t ndim, const int64_t *shape)
     char path[64], err[256];
     attnd_npy a, b;
     cr_assert_eq(attnd_npy_alloc(&a, dt, ndim, shape), ATTND_ERR_OK);
-    for (size_t i = 0; i < a.bytes; i++) ((unsigned char *)a.data)[i] = (unsigned char)(i * 37 + 5);
+    for (size_t i = 0; i < a.bytes; i++)
+        ((unsigned char *)a.data)[i] = (unsigned char)(i * 37 + 5);
     tmp_path(path, sizeof path);
     cr_assert_eq(attnd_npy_write(path, &a, err, sizeof err), ATTND_ERR_OK, "%s", err);
     cr_assert_eq(attnd_npy_read(path, &b, err, sizeof err), ATTND_ERR_OK, "%s", err);
     cr_assert_eq(b.dtype, dt);
     cr_assert_eq(b.ndim, ndim);
-    for (int32_t d = 0; d < ndim; d++) cr_assert_eq(b.shape[d], shape[d]);
+    for (int32_t d = 0; d < ndim; d++)
+        cr_assert_eq(b.shape[d], shape[d]);
     cr_assert_eq(b.bytes, a.bytes);
     cr_assert_eq(memcmp(a.data, b.data, a.bytes), 0);
     attnd_npy_free(&a);

@@ -76,14 +76,14 @@ static void check_worker(worker *w)
     attnd_dtype dt = w->index % 2 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F32;
     cr_assert_eq(w->failed, ATTND_ERR_OK, "worker %d: %s", w->index, attnd_err_name(w->failed));
     cr_assert_eq(w->steps, STEPS);
-    cr_expect_leq(w->errs.direct, attnd_e2e_direct_tol(dt),
-                  "worker %d: out vs CPU op %.3g", w->index, w->errs.direct);
-    cr_expect_leq(w->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "worker %d: lse vs CPU op %.3g", w->index,
-                  w->errs.direct_lse);
+    cr_expect_leq(w->errs.direct, attnd_e2e_direct_tol(dt), "worker %d: out vs CPU op %.3g",
+                  w->index, w->errs.direct);
+    cr_expect_leq(w->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "worker %d: lse vs CPU op %.3g",
+                  w->index, w->errs.direct_lse);
     cr_expect_leq(w->errs.ref, attnd_tol_for(dt), "worker %d: out vs reference %.3g", w->index,
                   w->errs.ref);
-    cr_expect_leq(w->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "worker %d: lse vs reference %.3g", w->index,
-                  w->errs.ref_lse);
+    cr_expect_leq(w->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "worker %d: lse vs reference %.3g",
+                  w->index, w->errs.ref_lse);
     attnd_mirror_fini(&w->m);
 }
 
@@ -99,8 +99,10 @@ static void run_workers(worker *ws, const attnd_daemon_proc *d, attnd_client *sh
     }
     for (int i = 0; i < NTHREADS; i++)
         cr_assert_eq(pthread_create(&ws[i].thread, NULL, worker_main, &ws[i]), 0);
-    for (int i = 0; i < NTHREADS; i++) pthread_join(ws[i].thread, NULL);
-    for (int i = 0; i < NTHREADS; i++) check_worker(&ws[i]);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(ws[i].thread, NULL);
+    for (int i = 0; i < NTHREADS; i++)
+        check_worker(&ws[i]);
 }
 
 static void expect_all_free(const attnd_daemon_proc *d)
@@ -121,7 +123,8 @@ Test(concurrency, clients_in_threads, .timeout = 120)
     worker ws[NTHREADS];
     cr_assert_eq(attnd_daemon_start(&d, ATTND_TEST_CONFIG_SMALL), 0, "daemon did not start");
     run_workers(ws, &d, NULL);
-    for (int i = 0; i < NTHREADS; i++) attnd_client_free(ws[i].c);
+    for (int i = 0; i < NTHREADS; i++)
+        attnd_client_free(ws[i].c);
     expect_all_free(&d);
     cr_assert_eq(attnd_daemon_stop(&d), 0, "daemon exit status");
 }

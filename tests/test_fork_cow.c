@@ -29,9 +29,9 @@ static void setup(fixture *f, uint64_t seed)
     cr_assert_not_null(f->c = attnd_daemon_connect(&f->d, 20000));
     f->g = &attnd_client_server(f->c)->geometry;
     cr_assert_eq(attnd_mirror_init(&f->m, f->g, NULL, 256), 0);
-    cr_assert_eq(attnd_client_shm_create(f->c, attnd_e2e_io_bytes(f->g, ATTND_DTYPE_F32, 128),
-                                         &f->shm),
-                 ATTND_ERR_OK);
+    cr_assert_eq(
+        attnd_client_shm_create(f->c, attnd_e2e_io_bytes(f->g, ATTND_DTYPE_F32, 128), &f->shm),
+        ATTND_ERR_OK);
     attnd_rng_seed(&f->r, seed);
 }
 
@@ -41,11 +41,14 @@ static void teardown(fixture *f)
     cr_assert_eq(attnd_client_status(f->c, &st), ATTND_ERR_OK);
     cr_assert_eq(st.blocks_free, f->g->num_blocks, "blocks lost: %u free of %u", st.blocks_free,
                  f->g->num_blocks);
-    cr_expect_leq(f->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "out vs CPU op: %.3g", f->errs.direct);
-    cr_expect_leq(f->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "lse vs CPU op: %.3g", f->errs.direct_lse);
+    cr_expect_leq(f->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "out vs CPU op: %.3g",
+                  f->errs.direct);
+    cr_expect_leq(f->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "lse vs CPU op: %.3g",
+                  f->errs.direct_lse);
     cr_expect_leq(f->errs.ref, attnd_tol_for(ATTND_DTYPE_F32), "out vs reference: %.3g",
                   f->errs.ref);
-    cr_expect_leq(f->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "lse vs reference: %.3g", f->errs.ref_lse);
+    cr_expect_leq(f->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "lse vs reference: %.3g",
+                  f->errs.ref_lse);
     cr_assert_eq(f->errs.attends, f->attends);
     cr_assert_eq(attnd_client_shm_destroy(f->c, &f->shm), ATTND_ERR_OK);
     attnd_client_free(f->c);
@@ -55,8 +58,8 @@ static void teardown(fixture *f)
 
 static void run(fixture *f, const attnd_step_seq *seqs, int32_t n)
 {
-    attnd_err rv = attnd_e2e_step(f->c, &f->m, &f->shm, ATTND_DTYPE_F32, 0, seqs, n, 0, &f->r,
-                                  &f->errs);
+    attnd_err rv =
+        attnd_e2e_step(f->c, &f->m, &f->shm, ATTND_DTYPE_F32, 0, seqs, n, 0, &f->r, &f->errs);
     cr_assert_eq(rv, ATTND_ERR_OK, "step: %s", attnd_err_name(rv));
     f->attends += f->g->num_layers;
 }
@@ -121,10 +124,12 @@ Test(fork_cow, partial_block_copied_on_write_and_diverges, .timeout = 120)
     cr_assert_eq(blocks_free(&f), after_prefill - 2, "no copy for a block held alone");
     /* diverge for a while, past the next block boundary, in mixed batches */
     attnd_step_seq all[3] = {{1, 1}, {2, 1}, {3, 2}};
-    for (int i = 0; i < 14; i++) run(&f, all, 3);
+    for (int i = 0; i < 14; i++)
+        run(&f, all, 3);
     attnd_step_seq longer = {2, 9};
     run(&f, &longer, 1);
-    for (int i = 0; i < 4; i++) run(&f, all, 3);
+    for (int i = 0; i < 4; i++)
+        run(&f, all, 3);
     free_seq(&f, 1);
     free_seq(&f, 2);
     free_seq(&f, 3);
@@ -145,11 +150,13 @@ Test(fork_cow, fork_at_block_boundary_then_free_parent, .timeout = 120)
     /* the parent goes away; the child's shared blocks must stay */
     free_seq(&f, 10);
     cr_assert_eq(blocks_free(&f), base - 1, "shared blocks freed while the child holds them");
-    for (int i = 0; i < 8; i++) run(&f, &child, 1);
+    for (int i = 0; i < 8; i++)
+        run(&f, &child, 1);
     /* fork of a fork, then both decode */
     fork_seq(&f, 11, 12);
     attnd_step_seq two[2] = {{12, 3}, {11, 1}};
-    for (int i = 0; i < 6; i++) run(&f, two, 2);
+    for (int i = 0; i < 6; i++)
+        run(&f, two, 2);
     free_seq(&f, 11);
     free_seq(&f, 12);
     teardown(&f);

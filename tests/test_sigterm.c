@@ -17,18 +17,18 @@
 #include "e2e_mirror.h"
 #include "testutil.h"
 
-#define CONFIG                                                                                   \
-    "{\"backend\": \"cpu\", \"threads\": 2,"                                                    \
-    " \"server\": {\"listen\": \"@URL@\", \"drain_timeout_ms\": 20000},"                         \
-    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                \
-    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 1024,"    \
-    " \"max_blocks_per_seq\": 256},"                                                              \
+#define CONFIG                                                                                     \
+    "{\"backend\": \"cpu\", \"threads\": 2,"                                                       \
+    " \"server\": {\"listen\": \"@URL@\", \"drain_timeout_ms\": 20000},"                           \
+    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
+    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 1024,"     \
+    " \"max_blocks_per_seq\": 256},"                                                               \
     " \"log\": {\"level\": \"warn\", \"stats_interval_s\": 0}}"
 
-#define NCLIENTS 4        /* background load; client 0 also sends the long request */
-#define CHUNK 64          /* new tokens per step: a few ms of attention each */
-#define LONG_CHUNK 4096   /* client 0's first step: a long prefill, in flight at the signal */
-#define MAX_LEN 1024      /* then a sequence is replaced by a fresh one */
+#define NCLIENTS 4      /* background load; client 0 also sends the long request */
+#define CHUNK 64        /* new tokens per step: a few ms of attention each */
+#define LONG_CHUNK 4096 /* client 0's first step: a long prefill, in flight at the signal */
+#define MAX_LEN 1024    /* then a sequence is replaced by a fresh one */
 #define MAX_REQS 4096
 #define ACCEPT_MARGIN 0.02 /* a request sent this long before the signal surely arrived */
 
@@ -46,9 +46,9 @@ typedef struct loader {
     attnd_rng r;
     req_rec recs[MAX_REQS];
     atomic_int nrecs;
-    double worst;     /* out vs the CPU op, over every OK Attend */
-    int wrong_layout; /* the daemon's step did not match the mirror's */
-    int local_failed; /* the mirror or the CPU op failed (never asserted off the main thread) */
+    double worst;         /* out vs the CPU op, over every OK Attend */
+    int wrong_layout;     /* the daemon's step did not match the mirror's */
+    int local_failed;     /* the mirror or the CPU op failed (never asserted off the main thread) */
     uint32_t first_chunk; /* tokens of the first step (then CHUNK) */
     int32_t max_len;      /* tokens of a sequence before it is replaced */
     atomic_int long_sent; /* the first Attend of the first step was sent */
@@ -67,7 +67,8 @@ static attnd_err rec(loader *l, double t0, attnd_err rv)
 {
     int i = atomic_load(&l->nrecs);
     if (i < MAX_REQS) {
-        l->recs[i] = (req_rec){t0, now_s(), rv, rv != ATTND_ERR_OK && attnd_client_last_error_remote(l->c)};
+        l->recs[i] =
+            (req_rec){t0, now_s(), rv, rv != ATTND_ERR_OK && attnd_client_last_error_remote(l->c)};
         atomic_store(&l->nrecs, i + 1);
     }
     return rv;
@@ -102,8 +103,9 @@ static attnd_err one_step(loader *l, uint64_t seq, uint32_t chunk, float *dout, 
         attnd_e2e_io_fill(&io, &l->r, 1.0);
         t0 = now_s();
         if (chunk == LONG_CHUNK && layer == 0) atomic_store(&l->long_sent, 1);
-        rv = rec(l, t0, attnd_client_attend(l->c, st.id, layer, &io.rq, &io.rk, &io.rv, &io.rout,
-                                            &io.rlse));
+        rv = rec(
+            l, t0,
+            attnd_client_attend(l->c, st.id, layer, &io.rq, &io.rk, &io.rv, &io.rout, &io.rlse));
         if (rv != ATTND_ERR_OK) return rv;
         check_layer(l, &io, layer, dout, dlse);
     }
@@ -148,9 +150,9 @@ static void loader_start(loader *l, const attnd_daemon_proc *d, uint64_t seed, u
     cr_assert_not_null(l->c = attnd_daemon_connect(d, 20000));
     const attnd_geometry *g = &attnd_client_server(l->c)->geometry;
     cr_assert_eq(attnd_mirror_init(&l->m, g, NULL, l->max_len), 0);
-    cr_assert_eq(attnd_client_shm_create(l->c, attnd_e2e_io_bytes(g, ATTND_DTYPE_F32, first),
-                                         &l->shm),
-                 ATTND_ERR_OK);
+    cr_assert_eq(
+        attnd_client_shm_create(l->c, attnd_e2e_io_bytes(g, ATTND_DTYPE_F32, first), &l->shm),
+        ATTND_ERR_OK);
     cr_assert_eq(attnd_client_seq_create(l->c, 1, NULL), ATTND_ERR_OK);
     cr_assert_eq(attnd_mirror_create(&l->m, 1), 0);
     attnd_rng_seed(&l->r, seed);
@@ -168,7 +170,8 @@ static int check_loader(const loader *l, int idx, double t_sig)
                 attnd_err_name(l->recs[i].rv), l->recs[i].remote ? " (reply)" : "");
     cr_assert_eq(l->wrong_layout, 0);
     cr_assert_eq(l->local_failed, 0);
-    cr_assert_leq(l->worst, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "client %d: out vs CPU op %.3g", idx, l->worst);
+    cr_assert_leq(l->worst, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "client %d: out vs CPU op %.3g",
+                  idx, l->worst);
     for (int i = 0; i < n; i++) {
         const req_rec *r = &l->recs[i];
         int accepted = r->t0 < t_sig - ACCEPT_MARGIN;
@@ -178,8 +181,8 @@ static int check_loader(const loader *l, int idx, double t_sig)
         }
         cr_assert_eq(i, n - 1, "client %d: request %d failed (%s) and the loader went on", idx, i,
                      attnd_err_name(r->rv));
-        cr_assert(!accepted, "client %d: request %d, sent %.1f ms before SIGTERM, got %s (%s)",
-                  idx, i, (t_sig - r->t0) * 1e3, attnd_err_name(r->rv),
+        cr_assert(!accepted, "client %d: request %d, sent %.1f ms before SIGTERM, got %s (%s)", idx,
+                  i, (t_sig - r->t0) * 1e3, attnd_err_name(r->rv),
                   r->remote ? "the daemon's reply" : "no reply");
         cr_assert(r->rv == ATTND_ERR_UNAVAILABLE, "client %d: refused with %s", idx,
                   attnd_err_name(r->rv));
@@ -200,12 +203,16 @@ Test(sigterm, accepted_requests_are_answered_before_exit, .timeout = 120)
     cr_assert_eq(attnd_daemon_start(&d, CONFIG), 0, "daemon did not start");
     /* clients 1.. load the daemon with small steps; once they run, client 0 sends a long
      * prefill and the signal comes while the daemon works on it */
-    for (int i = 1; i < NCLIENTS; i++) loader_start(&ls[i], &d, 41 + (uint64_t)i, CHUNK);
     for (int i = 1; i < NCLIENTS; i++)
-        for (int k = 0; k < 4000 && atomic_load(&ls[i].nrecs) < 8; k++) nanosleep(&nap, NULL);
-    for (int i = 1; i < NCLIENTS; i++) cr_assert_geq(atomic_load(&ls[i].nrecs), 8);
+        loader_start(&ls[i], &d, 41 + (uint64_t)i, CHUNK);
+    for (int i = 1; i < NCLIENTS; i++)
+        for (int k = 0; k < 4000 && atomic_load(&ls[i].nrecs) < 8; k++)
+            nanosleep(&nap, NULL);
+    for (int i = 1; i < NCLIENTS; i++)
+        cr_assert_geq(atomic_load(&ls[i].nrecs), 8);
     loader_start(&ls[0], &d, 41, LONG_CHUNK);
-    for (int k = 0; k < 4000 && !atomic_load(&ls[0].long_sent); k++) nanosleep(&nap, NULL);
+    for (int k = 0; k < 4000 && !atomic_load(&ls[0].long_sent); k++)
+        nanosleep(&nap, NULL);
     cr_assert(atomic_load(&ls[0].long_sent));
     nap.tv_nsec = (long)(ACCEPT_MARGIN * 3e9); /* surely received by now, far from done */
     nanosleep(&nap, NULL);
@@ -214,8 +221,10 @@ Test(sigterm, accepted_requests_are_answered_before_exit, .timeout = 120)
     rc = attnd_daemon_wait(&d, 30000);
     if (rc != 0) attnd_daemon_dump_log(&d);
     cr_assert_eq(rc, 0, "daemon exit status %d after SIGTERM", rc);
-    for (int i = 0; i < NCLIENTS; i++) pthread_join(ls[i].thread, NULL);
-    for (int i = 0; i < NCLIENTS; i++) in_flight += check_loader(&ls[i], i, t_sig);
+    for (int i = 0; i < NCLIENTS; i++)
+        pthread_join(ls[i].thread, NULL);
+    for (int i = 0; i < NCLIENTS; i++)
+        in_flight += check_loader(&ls[i], i, t_sig);
     fprintf(stderr, "sigterm: %d requests in flight at the signal were answered\n", in_flight);
     /* client 0's long Attend (record 1, after its BeginStep) was accepted long before the
      * signal and finished after it: it must have been answered, correctly (checked above) */

@@ -90,6 +90,13 @@ def main():
               ", ".join(f"{s['seq_id']}: {s['num_tokens']} tokens" for s in c.seqs()))
         for s in prompts:
             c.free(s)
+        try:  # errors carry the daemon's code and message
+            c.query(1)
+            return 1
+        except attnd.AttndError as e:
+            print(f"query 1 after free: {e.name}: {e.message}")
+            if e.name != "NOT_FOUND" or not e.remote:
+                return 1
         bound = 5e-2 if g["cache_dtype"] == "fp8_e4m3" else 1e-3
         print(f"max |out - numpy reference| = {worst:.2e} (bound {bound:g})")
         return 0 if worst <= bound else 1

@@ -99,22 +99,36 @@ template <> struct attnd_tc<__nv_bfloat16> {
 __device__ __forceinline__ float attnd_ld_elem(const void *base, int dt, int64_t i)
 {
     switch (dt) {
-    case ATTND_DTYPE_F32: return ((const float *)base)[i];
-    case ATTND_DTYPE_F16: return __half2float(((const __half *)base)[i]);
-    case ATTND_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
-    case ATTND_DTYPE_FP8_E4M3: return attnd_fp8_to_float(((const uint8_t *)base)[i]);
-    default: return 0.0f;
+    case ATTND_DTYPE_F32:
+        return ((const float *)base)[i];
+    case ATTND_DTYPE_F16:
+        return __half2float(((const __half *)base)[i]);
+    case ATTND_DTYPE_BF16:
+        return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    case ATTND_DTYPE_FP8_E4M3:
+        return attnd_fp8_to_float(((const uint8_t *)base)[i]);
+    default:
+        return 0.0f;
     }
 }
 
 __device__ __forceinline__ void attnd_st_elem(void *base, int dt, int64_t i, float v)
 {
     switch (dt) {
-    case ATTND_DTYPE_F32: ((float *)base)[i] = v; break;
-    case ATTND_DTYPE_F16: ((__half *)base)[i] = __float2half_rn(v); break;
-    case ATTND_DTYPE_BF16: ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v); break;
-    case ATTND_DTYPE_FP8_E4M3: ((uint8_t *)base)[i] = attnd_float_to_fp8(v); break;
-    default: break;
+    case ATTND_DTYPE_F32:
+        ((float *)base)[i] = v;
+        break;
+    case ATTND_DTYPE_F16:
+        ((__half *)base)[i] = __float2half_rn(v);
+        break;
+    case ATTND_DTYPE_BF16:
+        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v);
+        break;
+    case ATTND_DTYPE_FP8_E4M3:
+        ((uint8_t *)base)[i] = attnd_float_to_fp8(v);
+        break;
+    default:
+        break;
     }
 }
 
@@ -161,7 +175,8 @@ __device__ __forceinline__ void attnd_ld8(const void *base, int dt, int64_t i, b
         }
     }
 #pragma unroll
-    for (int k = 0; k < 8; k++) f[k] = attnd_ld_elem(base, dt, i + k);
+    for (int k = 0; k < 8; k++)
+        f[k] = attnd_ld_elem(base, dt, i + k);
 }
 
 // Store n (4 or 8) consecutive floats at element offset i. vec: aligned to n elements.
@@ -181,8 +196,9 @@ __device__ __forceinline__ void attnd_stN(void *base, int dt, int64_t i, bool ve
             uint32_t w[N / 2];
 #pragma unroll
             for (int k = 0; k < N / 2; k++)
-                w[k] = dt == ATTND_DTYPE_F16 ? attnd_tc<__half>::pack(f[2 * k], f[2 * k + 1])
-                                             : attnd_tc<__nv_bfloat16>::pack(f[2 * k], f[2 * k + 1]);
+                w[k] = dt == ATTND_DTYPE_F16
+                           ? attnd_tc<__half>::pack(f[2 * k], f[2 * k + 1])
+                           : attnd_tc<__nv_bfloat16>::pack(f[2 * k], f[2 * k + 1]);
             if constexpr (N == 8)
                 *(uint4 *)((uint16_t *)base + i) = make_uint4(w[0], w[1], w[2], w[3]);
             else
@@ -191,7 +207,29 @@ __device__ __forceinline__ void attnd_stN(void *base, int dt, int64_t i, bool ve
         }
     }
 #pragma unroll
-    for (int k = 0; k < N; k++) attnd_st_elem(base, dt, i + k, f[k]);
+    for (int k = 0; k < N; k++)
+        attnd_st_elem(base, dt, i + k, f[k]);
+}
+
+// Store two consecutive floats at element offset i (even); vec: aligned for one 2-element store.
+__device__ __forceinline__ void attnd_st2(void *base, int dt, int64_t i, bool vec, float a, float b)
+{
+    if (vec) {
+        if (dt == ATTND_DTYPE_F32) {
+            *(float2 *)((float *)base + i) = make_float2(a, b);
+            return;
+        }
+        if (dt == ATTND_DTYPE_BF16) {
+            *(uint32_t *)((uint16_t *)base + i) = attnd_tc<__nv_bfloat16>::pack(a, b);
+            return;
+        }
+        if (dt == ATTND_DTYPE_F16) {
+            *(uint32_t *)((uint16_t *)base + i) = attnd_tc<__half>::pack(a, b);
+            return;
+        }
+    }
+    attnd_st_elem(base, dt, i, a);
+    attnd_st_elem(base, dt, i + 1, b);
 }
 
 // ------------------------------------------------------------------ reductions
@@ -212,14 +250,16 @@ __device__ __forceinline__ float attnd_quad_sum(float x)
 __device__ __forceinline__ float attnd_warp_max(float x)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
 }
 
 __device__ __forceinline__ float attnd_warp_sum(float x)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
 

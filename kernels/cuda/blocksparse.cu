@@ -1,13 +1,16 @@
-// block-sparse attention on the GPU: the FA2 kernel of varlen_kernel.cuh over the listed key
-// blocks of each CTA's layout row. The grid is (query tiles of max_seqlen_q, q heads, sequences):
-// each CTA finds its sequence, its rows and its layout row on the device and exits when it has no
-// rows, so prefill, decode and mixed batches take one launch with no host round trip (the seed
-// copies the lengths to the host to build its tile list on every call).
+// block-sparse attention on the GPU, one launch, no host round trip (the seed copies the lengths
+// to the host to build its tile list on every call):
+// - max_seqlen_q == 1 (a decode batch): the memory-bound decode kernel (blocksparse_kernel.cuh),
+//   one CTA per (q head, sequence);
+// - otherwise the FA2 kernel of varlen_kernel.cuh over the listed key blocks of each CTA's layout
+//   row, grid (query tiles of max_seqlen_q, q heads, sequences): each CTA finds its sequence, its
+//   rows and its layout row on the device and exits when it has no rows, so prefill and mixed
+//   batches take the same launch.
 #include <string.h>
 
 #include "cuda_backend.h"
 #include "ops_util.h"
-#include "varlen_kernel.cuh"
+#include "blocksparse_kernel.cuh"
 
 extern "C" attnd_err attnd_cuda_fa_common(attnd_backend *b, attnd_fa_kparams *k,
                                           const attnd_tensor *q, const attnd_tensor *kt,
@@ -55,6 +58,15 @@ extern "C" attnd_err attnd_cuda_blocksparse(attnd_backend *b, const attnd_blocks
     if (batch <= 0 || p->max_seqlen_q <= 0 || p->q.shape[1] == 0) return ATTND_ERR_OK;
     dim3 grid((unsigned)((p->max_seqlen_q + k.m_rows - 1) / k.m_rows), (unsigned)p->q.shape[1],
               (unsigned)batch);
+    if (p->max_seqlen_q == 1) {
+        dim3 dgrid((unsigned)p->q.shape[1], (unsigned)batch);
+        cudaStream_t st = attnd_cuda_of(b)->stream;
+        if (p->q.dtype == ATTND_DTYPE_F16)
+            attnd_bs_decode_kernel<0><<<dgrid, ATTND_BSD_THREADS, 0, st>>>(k);
+        else
+            attnd_bs_decode_kernel<1><<<dgrid, ATTND_BSD_THREADS, 0, st>>>(k);
+        return attnd_cuda_check_launch(b, "attnd_bs_decode_kernel");
+    }
     const int big = k.d > 128;
     if (p->q.dtype == ATTND_DTYPE_F16) return big ? bs_launch<256, 0>(b, k, grid) : bs_launch<128, 0>(b, k, grid);
     return big ? bs_launch<256, 1>(b, k, grid) : bs_launch<128, 1>(b, k, grid);

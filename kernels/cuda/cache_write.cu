@@ -26,8 +26,7 @@ extern "C" attnd_err attnd_cuda_cache_write(attnd_backend *b, const attnd_cache_
 {
     attnd_cuda *c = attnd_cuda_of(b);
     const attnd_tensor *key = &p->key, *val = &p->value, *kc = &p->k_cache, *vc = &p->v_cache;
-    if (key->strides[2] != 1 || val->strides[2] != 1 || kc->strides[3] != 1 ||
-        vc->strides[3] != 1)
+    if (key->strides[2] != 1 || val->strides[2] != 1 || kc->strides[3] != 1 || vc->strides[3] != 1)
         return attnd_fail(b, "cuda cache_write: key, value and caches need a unit innermost "
                              "stride");
     if (kc->dtype != vc->dtype) return attnd_fail(b, "v_cache: dtype differs from k_cache");

@@ -32,7 +32,8 @@ __device__ __forceinline__ void attnd_cache_st8(void *base, int dt, int64_t i, b
     if (dt == ATTND_DTYPE_FP8_E4M3) {
         uint8_t b[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) b[k] = attnd_float_to_fp8(f[k]);
+        for (int k = 0; k < 8; k++)
+            b[k] = attnd_float_to_fp8(f[k]);
         if (vec) {
             uint2 w;
             w.x = b[0] | (b[1] << 8) | (b[2] << 16) | ((uint32_t)b[3] << 24);
@@ -40,7 +41,8 @@ __device__ __forceinline__ void attnd_cache_st8(void *base, int dt, int64_t i, b
             *(uint2 *)((uint8_t *)base + i) = w;
         } else {
 #pragma unroll
-            for (int k = 0; k < 8; k++) ((uint8_t *)base)[i + k] = b[k];
+            for (int k = 0; k < 8; k++)
+                ((uint8_t *)base)[i + k] = b[k];
         }
         return;
     }
@@ -67,14 +69,16 @@ __global__ void __launch_bounds__(256) attnd_cache_write_kernel(const attnd_cach
         attnd_ld8(a.key, a.key_dt, tok * a.key_s0 + h * a.key_s1 + c * 8, a.key_vec != 0, f);
         if (fp8)
 #pragma unroll
-            for (int k = 0; k < 8; k++) f[k] = __fdiv_rn(f[k], a.k_scale);
+            for (int k = 0; k < 8; k++)
+                f[k] = __fdiv_rn(f[k], a.k_scale);
         attnd_cache_st8(a.k_cache, a.cache_dt, blk * a.kc_s0 + row * a.kc_s1 + h * a.kc_s2 + c * 8,
                         a.cache_vec != 0, f);
-        attnd_ld8(a.value, a.value_dt, tok * a.value_s0 + h * a.value_s1 + c * 8,
-                  a.value_vec != 0, f);
+        attnd_ld8(a.value, a.value_dt, tok * a.value_s0 + h * a.value_s1 + c * 8, a.value_vec != 0,
+                  f);
         if (fp8)
 #pragma unroll
-            for (int k = 0; k < 8; k++) f[k] = __fdiv_rn(f[k], a.v_scale);
+            for (int k = 0; k < 8; k++)
+                f[k] = __fdiv_rn(f[k], a.v_scale);
         attnd_cache_st8(a.v_cache, a.cache_dt, blk * a.vc_s0 + row * a.vc_s1 + h * a.vc_s2 + c * 8,
                         a.cache_vec != 0, f);
     }

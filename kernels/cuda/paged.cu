@@ -25,8 +25,8 @@ static int aligned(const void *ptr, int64_t bytes)
     return ((uintptr_t)ptr % (uintptr_t)bytes) == 0;
 }
 
-static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p,
-                               attnd_paged_args *a, int *kv)
+static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p, attnd_paged_args *a,
+                               int *kv)
 {
     const attnd_tensor *q = &p->q, *k = &p->k_cache, *v = &p->v_cache, *o = &p->out;
     memset(a, 0, sizeof *a);
@@ -36,8 +36,7 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p,
     const int64_t bs = k->shape[1];
     if (bs != 16 && bs != 32 && bs != 64)
         return attnd_fail(b, "k_cache: block size %lld not 16, 32 or 64", (long long)bs);
-    if (k->dtype != v->dtype)
-        return attnd_fail(b, "v_cache: dtype differs from k_cache");
+    if (k->dtype != v->dtype) return attnd_fail(b, "v_cache: dtype differs from k_cache");
     if (p->block_tables.dtype != ATTND_DTYPE_I32 || p->seq_lens.dtype != ATTND_DTYPE_I32 ||
         p->query_start_loc.dtype != ATTND_DTYPE_I32)
         return attnd_fail(b, "cuda paged attention: block_tables, seq_lens and query_start_loc "
@@ -52,8 +51,9 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p,
     // the kernels address within a page row in 32 bits (page * stride is 64-bit)
     for (int i = 0; i < 2; i++) {
         const attnd_tensor *t = i ? v : k;
-        if (t->strides[0] > INT32_MAX || t->strides[1] * 64 + t->strides[2] * t->shape[2] + D >
-                                             INT32_MAX)
+        const int64_t es = fp8 ? 1 : 2;
+        if (t->strides[0] * es > INT32_MAX ||
+            (t->strides[1] * 64 + t->strides[2] * t->shape[2] + D) * es > INT32_MAX)
             return attnd_fail(b, "%s: strides too large for the cuda backend (2^31 elements)",
                               i ? "v_cache" : "k_cache");
     }
@@ -72,8 +72,9 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p,
                    (t->strides[1] * es) % 16 == 0 && (t->strides[2] * es) % 16 == 0 &&
                    (D * es) % 16 == 0;
         if (fp8 ? !ok8 : !ok16)
-            return attnd_fail(b, "%s: rows must start on %d-byte boundaries for the cuda "
-                                 "backend (base and strides)",
+            return attnd_fail(b,
+                              "%s: rows must start on %d-byte boundaries for the cuda "
+                              "backend (base and strides)",
                               i ? "v_cache" : "k_cache", fp8 ? 8 : 16);
         vec16 = vec16 && ok16;
     }
@@ -133,6 +134,8 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p,
     a->head_size = (int32_t)D;
     a->bs_log2 = bs == 16 ? 4 : (bs == 32 ? 5 : 6);
     a->kv_vec16 = vec16;
+    a->kv_same = k->strides[0] == v->strides[0] && k->strides[1] == v->strides[1] &&
+                 k->strides[2] == v->strides[2];
     a->num_segments = 1;
     return ATTND_ERR_OK;
 }
@@ -144,7 +147,8 @@ static int device_has_pdl(int device)
     if (device < 0 || device >= ATTND_CUDA_MAX_DEVICES) return 0;
     if (cc[device] == 0) {
         int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) !=
+            cudaSuccess)
             return 0;
         cc[device] = major;
     }
@@ -186,11 +190,11 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     const int d_pad = pad_head(a.head_size);
     cudaError_t e;
     if ((int64_t)p->max_query_len * a.group <= 16)
-        e = attnd_paged_run_decode(a, d_pad, kv, T, p->max_query_len, c->device,
-                                   c->max_smem_optin, c->stream);
+        e = attnd_paged_run_decode(a, d_pad, kv, T, p->max_query_len, c->device, c->max_smem_optin,
+                                   c->stream);
     else
-        e = attnd_paged_run_prefill(a, d_pad, kv, T, p->max_query_len, c->device,
-                                    c->max_smem_optin, c->stream, prefill_variant());
+        e = attnd_paged_run_prefill(a, d_pad, kv, T, p->max_query_len, c->device, c->max_smem_optin,
+                                    c->stream, prefill_variant());
     return launch_status(b, e, "paged_attention_2d");
 }
 

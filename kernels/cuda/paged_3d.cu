@@ -13,24 +13,23 @@ size_t attnd_paged_smem_decode(int d_pad, int kv)
     return 0;
 }
 
-cudaError_t attnd_paged_run_decode(const attnd_paged_args &a, int d_pad, int kv,
-                                   int64_t num_tokens, int max_query_len, int device,
-                                   int max_smem, cudaStream_t st)
+cudaError_t attnd_paged_run_decode(const attnd_paged_args &a, int d_pad, int kv, int64_t num_tokens,
+                                   int max_query_len, int device, int max_smem, cudaStream_t st)
 {
-    ATTND_SWITCH_CFG(d_pad, kv,
-                     return attnd_paged_launch<Tr>(a, num_tokens, max_query_len, device, max_smem, st))
+    ATTND_SWITCH_CFG(
+        d_pad, kv,
+        return attnd_paged_launch<Tr>(a, num_tokens, max_query_len, device, max_smem, st))
     return cudaErrorInvalidValue;
 }
 
 cudaError_t attnd_paged_run_reduce(const attnd_paged_args &a, int64_t num_tokens, int pdl,
                                    cudaStream_t st)
 {
-    int64_t items = num_tokens * a.num_q_heads;
-    int64_t blocks = (items + 3) / 4;
-    if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+    const int64_t items = num_tokens * a.num_q_heads; // one CTA each
+    if (items > INT_MAX) return cudaErrorInvalidConfiguration;
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.gridDim = dim3((unsigned)items);
     cfg.blockDim = dim3(128);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = st;
@@ -39,8 +38,7 @@ cudaError_t attnd_paged_run_reduce(const attnd_paged_args &a, int64_t num_tokens
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    int nt = (int)num_tokens;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, attnd_paged_reduce_kernel, a, nt);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, attnd_paged_reduce_kernel, a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

@@ -60,6 +60,7 @@ typedef struct attnd_paged_args {
     int32_t q_dt, out_dt;
     int32_t q_vec, out_vec; /* rows aligned for 8-element loads / 4-element stores */
     int32_t kv_vec16;       /* fp8 cache: 16-byte copies allowed (else two 8-byte copies) */
+    int32_t kv_same;        /* k_cache and v_cache have the same strides */
     int32_t direct;         /* blockIdx.x is the sequence (each has at most one q-block) */
     int32_t num_segments;
     float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
@@ -108,20 +109,19 @@ template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_tr
     static constexpr int TILE_RAW = BLOCK_N * ROW_RAW;
     static constexpr int ROWS_PER_PASS = THREADS / CPR;
     static constexpr int LOAD_ITERS = BLOCK_N / ROWS_PER_PASS;
-    // fp8 decode converts K, then V, through one per-warp buffer; prefill keeps both
-    static constexpr int CONV_BYTES = FP8 ? (DECODE ? 1 : 2) * BLOCK_N * ROW16 : 0;
+    // fp8 tiles are converted to f16 copies (decode: each warp its own tokens)
+    static constexpr int CONV_BYTES = FP8 ? 2 * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
     // decode: as many stages as fit next to a second CTA on the SM (~113 KB each)
     static constexpr int NSTAGES_FIT = (113 * 1024 - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
-    static constexpr int NSTAGES = DECODE ? (NSTAGES_FIT < 2 ? (BIG ? 3 : 2)
-                                                              : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT))
-                                          : 2;
+    static constexpr int NSTAGES =
+        DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
     static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
     static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
     static constexpr int MAIN_BYTES = CONV_OFF + CONV_BYTES;
     static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
-    static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
+    static constexpr int EPI_BYTES = WARPS_N > 1 ? WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4 : 0;
     static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -173,6 +173,71 @@ __device__ __forceinline__ void attnd_fp8_tile_to_f16(const unsigned char *raw, 
     }
 }
 
+// The K/V tile loader: each thread copies 16-byte chunk `chunk` of rows row0 + i * ROWS_PER_PASS
+// of a tile (K and V) from their cache pages into a pipeline stage.
+template <class Tr> struct attnd_kv_loader {
+    const unsigned char *kbase, *vbase;
+    int32_t ks0, ks1, kcoff, vs0, vs1, vcoff; // byte strides / offsets
+    uint32_t spipe, sdst; // stage 0's K tile; + this thread's first slot
+    int row0, chunk, bs_mask, nbytes_ok;
+    bool vec16;
+
+    __device__ __forceinline__ void init(const attnd_paged_args &p, int tid, int kvh, uint32_t spipe)
+    {
+        chunk = tid % Tr::CPR;
+        row0 = tid / Tr::CPR;
+        this->spipe = spipe;
+        const int elems = Tr::FP8 ? 16 : 8, e0 = chunk * elems;
+        nbytes_ok = min(max(p.head_size - e0, 0), elems) * Tr::KV_BYTES;
+        kbase = (const unsigned char *)p.k;
+        vbase = (const unsigned char *)p.v;
+        ks0 = (int32_t)p.k_s0 * Tr::KV_BYTES;
+        ks1 = (int32_t)p.k_s1 * Tr::KV_BYTES;
+        kcoff = (kvh * (int32_t)p.k_s2 + e0) * Tr::KV_BYTES;
+        vs0 = (int32_t)p.v_s0 * Tr::KV_BYTES;
+        vs1 = (int32_t)p.v_s1 * Tr::KV_BYTES;
+        vcoff = (kvh * (int32_t)p.v_s2 + e0) * Tr::KV_BYTES;
+        bs_mask = (1 << p.bs_log2) - 1;
+        vec16 = !Tr::FP8 || p.kv_vec16;
+        sdst = spipe + (Tr::FP8 ? (uint32_t)(row0 * Tr::ROW_RAW + chunk * 16)
+                                : attnd_swz(row0, chunk, Tr::ROW_RAW));
+    }
+
+    // Copy the tile of tokens t0.. into stage buffer buf; pages[i] < 0: zero-fill (past the range).
+    template <bool SAME_STRIDES>
+    __device__ __forceinline__ void issue(int t0, int buf, const int *pages) const
+    {
+        const uint32_t dk = sdst + buf * 2 * Tr::TILE_RAW;
+#pragma unroll
+        for (int i = 0; i < Tr::LOAD_ITERS; i++) {
+            const int r = row0 + i * Tr::ROWS_PER_PASS;
+            const int row = (t0 + r) & bs_mask;
+            const bool ok = pages[i] >= 0;
+            const int pgid = ok ? pages[i] : 0; // not read when !ok (0 bytes), a valid address
+            const int64_t koff = attnd_mul_wide(pgid, ks0) + (row * ks1 + kcoff);
+            const int64_t voff =
+                SAME_STRIDES ? koff + (vcoff - kcoff) : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
+            const unsigned char *ks = kbase + koff, *vs = vbase + voff;
+            const int nbytes = ok ? nbytes_ok : 0;
+            // rows 8 apart share the swizzle key: a constant offset from the first slot
+            const uint32_t sk = Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
+                                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
+            const uint32_t sv = sk + Tr::TILE_RAW;
+            if (vec16) {
+                attnd_cp_async16(sk, ks, nbytes);
+                attnd_cp_async16(sv, vs, nbytes);
+            } else {
+                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
+                attnd_cp_async8(sk, ks, n0);
+                attnd_cp_async8(sk + 8, n1 ? ks + 8 : ks, n1);
+                attnd_cp_async8(sv, vs, n0);
+                attnd_cp_async8(sv + 8, n1 ? vs + 8 : vs, n1);
+            }
+        }
+    }
+};
+
 // ------------------------------------------------------------------ kernel
 
 template <class Tr>
@@ -180,7 +245,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
 {
     typedef typename Tr::TC TC;
     constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
-    constexpr int NW = Tr::NW, ROW16 = Tr::ROW16, ROW_RAW = Tr::ROW_RAW, CPR = Tr::CPR;
+    constexpr int NW = Tr::NW, ROW16 = Tr::ROW16;
     constexpr int NSTAGES = Tr::NSTAGES, LOAD_ITERS = Tr::LOAD_ITERS, MT = Tr::MT, SUB = Tr::SUB;
     constexpr int KSTEPS = D_PAD / 16;
     extern __shared__ __align__(128) unsigned char attnd_smem[];
@@ -264,28 +329,21 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     const uint32_t sconv_a = attnd_smem_addr(sconv);
 
     // ---- K/V loader: thread's slots are chunk tid % CPR of rows tid / CPR + i * ROWS_PER_PASS.
-    // Offsets within a page row fit 32 bits (checked by the host); page * stride is 32x32->64.
-    const int ld_chunk = tid % CPR;
-    const int ld_row = tid / CPR;
-    const int chunk_elems = Tr::FP8 ? 16 : 8;
-    const int chunk_e0 = ld_chunk * chunk_elems;
-    const int valid_elems = min(max(p.head_size - chunk_e0, 0), chunk_elems);
-    const int32_t ks0 = (int32_t)p.k_s0, ks1 = (int32_t)p.k_s1, vs0 = (int32_t)p.v_s0,
-                  vs1 = (int32_t)p.v_s1;
-    const int32_t kcoff = kvh * (int32_t)p.k_s2 + chunk_e0, vcoff = kvh * (int32_t)p.v_s2 + chunk_e0;
-    const unsigned char *kbase = (const unsigned char *)p.k;
-    const unsigned char *vbase = (const unsigned char *)p.v;
+    // Byte offsets within a page fit 32 bits (checked by the host); page * stride is 32x32->64.
+    attnd_kv_loader<Tr> ld;
+    ld.init(p, tid, kvh, spipe_a);
     const int32_t *bt = p.block_tables + (int64_t)seq * p.bt_s0;
     const int32_t bt_s1 = (int32_t)p.bt_s1;
-    const int bs_log2 = p.bs_log2, bs_mask = (1 << bs_log2) - 1;
+    const int bs_log2 = p.bs_log2;
     const int32_t nblocks32 = (int32_t)min(p.num_blocks, (int64_t)0x7fffffff);
+    const bool kv_same = p.kv_same != 0;
 
     int pg[LOAD_ITERS];
     auto fetch_pages = [&](int stage, int *out) {
         const int t0 = lo + stage * BLOCK_N;
 #pragma unroll
         for (int i = 0; i < LOAD_ITERS; i++) {
-            const int tok = t0 + ld_row + i * Tr::ROWS_PER_PASS;
+            const int tok = t0 + ld.row0 + i * Tr::ROWS_PER_PASS;
             int pgid = -1;
             if (stage < ntiles && tok < hi) {
                 pgid = __ldg(bt + (tok >> bs_log2) * bt_s1);
@@ -294,44 +352,22 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             out[i] = pgid;
         }
     };
-    auto issue_stage = [&](int stage, const int *pages) {
-        const int buf = stage % NSTAGES;
-        const int t0 = lo + stage * BLOCK_N;
-        const uint32_t dk = spipe_a + buf * 2 * Tr::TILE_RAW, dv = dk + Tr::TILE_RAW;
-#pragma unroll
-        for (int i = 0; i < LOAD_ITERS; i++) {
-            const int r = ld_row + i * Tr::ROWS_PER_PASS;
-            const int row = (t0 + r) & bs_mask;
-            const bool ok = pages[i] >= 0;
-            const int pgid = ok ? pages[i] : 0; // not read when !ok (0 bytes), a valid address
-            const unsigned char *ks =
-                kbase + ((int64_t)pgid * ks0 + (row * ks1 + kcoff)) * Tr::KV_BYTES;
-            const unsigned char *vs =
-                vbase + ((int64_t)pgid * vs0 + (row * vs1 + vcoff)) * Tr::KV_BYTES;
-            const int nbytes = ok ? valid_elems * Tr::KV_BYTES : 0;
-            const uint32_t off = Tr::FP8 ? (uint32_t)(r * ROW_RAW + ld_chunk * 16)
-                                         : attnd_swz(r, ld_chunk, ROW_RAW);
-            if (!Tr::FP8 || p.kv_vec16) {
-                attnd_cp_async16(dk + off, ks, nbytes);
-                attnd_cp_async16(dv + off, vs, nbytes);
-            } else {
-                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
-                attnd_cp_async8(dk + off, ks, n0);
-                attnd_cp_async8(dk + off + 8, n1 ? ks + 8 : ks, n1);
-                attnd_cp_async8(dv + off, vs, n0);
-                attnd_cp_async8(dv + off + 8, n1 ? vs + 8 : vs, n1);
-            }
-        }
+    auto issue_stage = [&](int stage, int buf, const int *pages) {
+        if (kv_same)
+            ld.template issue<true>(lo + stage * BLOCK_N, buf, pages);
+        else
+            ld.template issue<false>(lo + stage * BLOCK_N, buf, pages);
     };
 
     // ---- prologue: page ids and copies for the first NSTAGES-1 stages
     {
         int pro[NSTAGES - 1][LOAD_ITERS];
 #pragma unroll
-        for (int s = 0; s < NSTAGES - 1; s++) fetch_pages(s, pro[s]);
+        for (int s = 0; s < NSTAGES - 1; s++)
+            fetch_pages(s, pro[s]);
 #pragma unroll
         for (int s = 0; s < NSTAGES - 1; s++) {
-            if (s < ntiles) issue_stage(s, pro[s]);
+            if (s < ntiles) issue_stage(s, s, pro[s]);
             attnd_cp_async_commit();
         }
         fetch_pages(NSTAGES - 1, pg);
@@ -351,7 +387,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
                 attnd_ld8(p.q, p.q_dt, e, p.q_vec != 0, f);
             } else {
 #pragma unroll
-                for (int k = 0; k < 8; k++) f[k] = 0.0f;
+                for (int k = 0; k < 8; k++)
+                    f[k] = 0.0f;
             }
             uint4 w;
             w.x = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[0]), attnd_tc<TC>::clamp(f[1]));
@@ -373,18 +410,30 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     const uint32_t v_lane = (uint32_t)((wn * NW + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
     const int v_cadd = lane >> 4;
 
+    // chunk c = 2 * kk + cadd sits at ((c & 7) ^ xk) + (c & ~7): four lane-dependent offsets per
+    // operand (kk % 4), the rest are immediates
+    uint32_t qx[4], kx[4], vx[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qx[i] = (uint32_t)(((2 * i + q_cadd) ^ xk) << 4);
+        kx[i] = (uint32_t)(((2 * i + k_cadd) ^ xk) << 4);
+        vx[i] = (uint32_t)(((2 * i + v_cadd) ^ xk) << 4);
+    }
+#define ATTND_SWZ_OFF(x, kk) ((x)[(kk)&3] + (uint32_t)(((kk) >> 2) << 7))
+
     uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
     if (Tr::Q_IN_REGS) {
 #pragma unroll
         for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++)
-            attnd_ldsm_x4(sq_a + q_lane + (((2 * kk + q_cadd) ^ xk) << 4), qf[kk]);
+            attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
     }
 
     float o[MT][D_PAD / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < D_PAD / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+        for (int n = 0; n < D_PAD / 8; n++)
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m_r[MT][2], l_r[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -393,14 +442,14 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     }
 
     // ---- main loop over K/V tiles
+    int buf = 0, ibuf = NSTAGES - 1; // stage buffers of tile j and of tile j + NSTAGES - 1
     for (int j = 0; j < ntiles; j++) {
         attnd_cp_async_wait<NSTAGES - 2>();
         __syncthreads();
-        if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, pg);
+        if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, ibuf, pg);
         attnd_cp_async_commit();
         fetch_pages(j + NSTAGES, pg);
-
-        const int buf = j % NSTAGES;
+        ibuf = buf; // tile j + NSTAGES reuses tile j's buffer
         const unsigned char *rk = spipe + buf * 2 * Tr::TILE_RAW, *rv = rk + Tr::TILE_RAW;
         uint32_t kt_a = spipe_a + buf * 2 * Tr::TILE_RAW, vt_a = kt_a + Tr::TILE_RAW;
         if (Tr::FP8 && Tr::WARPS_N == 1) {
@@ -415,160 +464,205 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         // this warp's tokens [a, b) of the tile, SUB at a time
 #pragma unroll 1
         for (int h = 0; h < NW / SUB; h++) {
-        const int a = lo + j * BLOCK_N + wn * NW + h * SUB, b = a + SUB;
-        if (!warp_has_rows || a >= hi || a > wpos_max || (sw > 0 && b - 1 < wpos_min - sw + 1))
-            continue; // nothing visible to this warp's rows
-        const bool need_mask = !(b <= hi && b - 1 <= wpos_min && (sw <= 0 || wpos_max - a < sw));
+            const int a = lo + j * BLOCK_N + wn * NW + h * SUB, b = a + SUB;
+            if (!warp_has_rows || a >= hi || a > wpos_max || (sw > 0 && b - 1 < wpos_min - sw + 1))
+                continue; // nothing visible to this warp's rows
+            const bool need_mask =
+                !(b <= hi && b - 1 <= wpos_min && (sw <= 0 || wpos_max - a < sw));
 
-        if (Tr::FP8 && Tr::WARPS_N > 1) {
-            // decode: the warp converts its own tokens, K now and V after QK^T
-            __syncwarp();
-            attnd_fp8_tile_to_f16<Tr>(rk, sconv, wn * NW, NW, lane, 32); // SUB == NW
-            __syncwarp();
-            kt_a = sconv_a;
-            vt_a = sconv_a;
-        }
+            if (Tr::FP8 && Tr::WARPS_N > 1) {
+                // decode: the warp converts its own tokens (SUB == NW)
+                __syncwarp();
+                attnd_fp8_tile_to_f16<Tr>(rk, sconv, wn * NW, NW, lane, 32);
+                attnd_fp8_tile_to_f16<Tr>(rv, sconv + BLOCK_N * ROW16, wn * NW, NW, lane, 32);
+                __syncwarp();
+                kt_a = sconv_a;
+                vt_a = sconv_a + BLOCK_N * ROW16;
+            }
 
-        // S = Q K^T (MT x 16 rows x SUB tokens)
-        float s[MT][SUB / 8][4];
+            // S = Q K^T (MT x 16 rows x SUB tokens)
+            float s[MT][SUB / 8][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < SUB / 8; n++)
+                    s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) {
+                uint32_t af[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (Tr::Q_IN_REGS) {
+#pragma unroll
+                        for (int x = 0; x < 4; x++)
+                            af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
+                    } else {
+                        attnd_ldsm_x4(sq_a + q_lane + mt * 16 * ROW16 + ATTND_SWZ_OFF(qx, kk),
+                                      af[mt]);
+                    }
+                }
+#pragma unroll
+                for (int n2 = 0; n2 < SUB / 16; n2++) {
+                    uint32_t bf[4];
+                    attnd_ldsm_x4(
+                        kt_a + k_lane + (h * SUB + n2 * 16) * ROW16 + ATTND_SWZ_OFF(kx, kk), bf);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
+                        attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
+                    }
+                }
+            }
+
+            // logits (log2 domain) with masks; c multiplies s on the way into exp2
+            float c = p.qk_scale_log2;
+            if (!p.plain) {
+                c = 1.0f;
+                const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < SUB / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, ps = pos[mt][r];
+                            const int t = a + n * 8 + 2 * t4 + (e & 1);
+                            float x = s[mt][n][e] * p.qk_scale;
+                            if (p.softcap > 0.0f) x = p.softcap * attnd_tanh(x * inv_cap);
+                            x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
+                            if (need_mask && !(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
+                                x = attnd_neg_inf();
+                            s[mt][n][e] = x;
+                        }
+            } else if (need_mask) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < SUB / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, ps = pos[mt][r];
+                            const int t = a + n * 8 + 2 * t4 + (e & 1);
+                            if (!(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
+                                s[mt][n][e] = attnd_neg_inf();
+                        }
+            }
+
+            // online softmax; the O rescale is skipped when no row max of the warp moved
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
+#pragma unroll
+                for (int n = 0; n < SUB / 8; n++) {
+                    mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+                    mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+                }
+                float ms[2], alpha[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
+                    ms[r] = attnd_softmax_safe_max(m_new);
+                    alpha[r] = attnd_exp2(m_r[mt][r] - ms[r]);
+                    m_r[mt][r] = m_new;
+                }
+                float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int n = 0; n < SUB / 8; n++) {
+                    s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
+                    s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
+                    s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
+                    s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
+                    rs[0] += s[mt][n][0] + s[mt][n][1];
+                    rs[1] += s[mt][n][2] + s[mt][n][3];
+                }
+                l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
+                l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                    for (int n = 0; n < D_PAD / 8; n++) {
+                        o[mt][n][0] *= alpha[0];
+                        o[mt][n][1] *= alpha[0];
+                        o[mt][n][2] *= alpha[1];
+                        o[mt][n][3] *= alpha[1];
+                    }
+                }
+            }
+
+            // O += P V
+#pragma unroll
+            for (int kk = 0; kk < SUB / 16; kk++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int n2 = 0; n2 < D_PAD / 16; n2++) {
+                    uint32_t bf[4];
+                    attnd_ldsm_x4_trans(
+                        vt_a + v_lane + (h * SUB + kk * 16) * ROW16 + ATTND_SWZ_OFF(vx, n2), bf);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
+                        attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
+                    }
+                }
+            }
+        } // h
+        buf = buf + 1 == NSTAGES ? 0 : buf + 1;
+    }
+
+#undef ATTND_SWZ_OFF
+
+    // ---- epilogue
+    attnd_cp_async_wait<0>();
+    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    const bool partial = p.num_segments > 1;
+    const int d_act = p.head_size;
+    if (Tr::WARPS_N == 1) {
+        // one warp per row: normalise the registers and store them directly
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int n = 0; n < SUB / 8; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk++) {
-            uint32_t af[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (Tr::Q_IN_REGS) {
-#pragma unroll
-                    for (int x = 0; x < 4; x++) af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
-                } else {
-                    attnd_ldsm_x4(sq_a + q_lane + mt * 16 * ROW16 + (((2 * kk + q_cadd) ^ xk) << 4),
-                                  af[mt]);
-                }
-            }
-#pragma unroll
-            for (int n2 = 0; n2 < SUB / 16; n2++) {
-                uint32_t bf[4];
-                attnd_ldsm_x4(kt_a + k_lane + (h * SUB + n2 * 16) * ROW16 + (((2 * kk + k_cadd) ^ xk) << 4), bf);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
-                    attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
-                }
-            }
-        }
-
-        // logits (log2 domain) with masks; c multiplies s on the way into exp2
-        float c = p.qk_scale_log2;
-        if (!p.plain) {
-            c = 1.0f;
-            const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < SUB / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1, ps = pos[mt][r];
-                        const int t = a + n * 8 + 2 * t4 + (e & 1);
-                        float x = s[mt][n][e] * p.qk_scale;
-                        if (p.softcap > 0.0f) x = p.softcap * attnd_tanh(x * inv_cap);
-                        x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
-                        if (need_mask && !(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
-                            x = attnd_neg_inf();
-                        s[mt][n][e] = x;
-                    }
-        } else if (need_mask) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < SUB / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1, ps = pos[mt][r];
-                        const int t = a + n * 8 + 2 * t4 + (e & 1);
-                        if (!(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
-                            s[mt][n][e] = attnd_neg_inf();
-                    }
-        }
-
-        // online softmax; the O rescale is skipped when no row max of the warp moved
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
-#pragma unroll
-            for (int n = 0; n < SUB / 8; n++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
-            }
-            float ms[2], alpha[2];
-#pragma unroll
             for (int r = 0; r < 2; r++) {
-                const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
-                ms[r] = attnd_softmax_safe_max(m_new);
-                alpha[r] = attnd_exp2(m_r[mt][r] - ms[r]);
-                m_r[mt][r] = m_new;
-            }
-            float rs[2] = {0.0f, 0.0f};
+                const float L = attnd_quad_sum(l_r[mt][r]), M = m_r[mt][r];
+                const int idx = wrow0 + mt * 16 + g8 + 8 * r;
+                if (idx >= rows_total) continue;
+                const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
+                const int tok = q_start + idx / g, head = kvh * g + idx % g;
+                if (!partial) {
+                    const int64_t base = (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1;
 #pragma unroll
-            for (int n = 0; n < SUB / 8; n++) {
-                s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
-                s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
-                s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
-                s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
-                rs[0] += s[mt][n][0] + s[mt][n][1];
-                rs[1] += s[mt][n][2] + s[mt][n][3];
-            }
-            l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
-            l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                    for (int n = 0; n < D_PAD / 8; n++) {
+                        const int col = n * 8 + 2 * t4;
+                        if (col < d_act)
+                            attnd_st2(p.out, p.out_dt, base + col, p.out_vec != 0,
+                                      o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+                    }
+                    if (p.lse && t4 == 0)
+                        p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] =
+                            attnd_softmax_lse(M, L);
+                } else {
+                    const int64_t R = ((int64_t)tok * p.num_q_heads + head) * p.num_segments + seg;
 #pragma unroll
-                for (int n = 0; n < D_PAD / 8; n++) {
-                    o[mt][n][0] *= alpha[0];
-                    o[mt][n][1] *= alpha[0];
-                    o[mt][n][2] *= alpha[1];
-                    o[mt][n][3] *= alpha[1];
+                    for (int n = 0; n < D_PAD / 8; n++) {
+                        const int col = n * 8 + 2 * t4;
+                        if (col < d_act)
+                            *(float2 *)(p.ws_o + R * d_act + col) =
+                                make_float2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+                    }
+                    if (t4 == 0) {
+                        p.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+                        p.ws_l[R] = L;
+                    }
                 }
             }
-        }
-
-        if (Tr::FP8 && Tr::WARPS_N > 1) {
-            __syncwarp();
-            attnd_fp8_tile_to_f16<Tr>(rv, sconv, wn * NW, NW, lane, 32); // SUB == NW
-            __syncwarp();
-        }
-
-        // O += P V
-#pragma unroll
-        for (int kk = 0; kk < SUB / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int n2 = 0; n2 < D_PAD / 16; n2++) {
-                uint32_t bf[4];
-                attnd_ldsm_x4_trans(vt_a + v_lane + (h * SUB + kk * 16) * ROW16 + (((2 * n2 + v_cadd) ^ xk) << 4),
-                                    bf);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
-                    attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
-                }
-            }
-        }
-        } // h
+        return;
     }
-
-    // ---- epilogue: per-warp state -> shared, then combine warps, normalise and store
-    attnd_cp_async_wait<0>();
-    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     __syncthreads();
     float *eo = (float *)attnd_smem;
     float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
@@ -592,8 +686,6 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     }
     __syncthreads();
 
-    const bool partial = p.num_segments > 1;
-    const int d_act = p.head_size;
     constexpr int C4 = D_PAD / 4;
 #pragma unroll 1
     for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
@@ -602,7 +694,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         if (idx >= rows_total || c4 * 4 >= d_act) continue;
         float M = attnd_neg_inf();
 #pragma unroll
-        for (int w = 0; w < Tr::WARPS_N; w++) M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
+        for (int w = 0; w < Tr::WARPS_N; w++)
+            M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
         const float Ms = attnd_softmax_safe_max(M);
         float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -617,7 +710,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         }
         const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) v[k] *= inv;
+        for (int k = 0; k < 4; k++)
+            v[k] *= inv;
         const int tok = q_start + idx / g, head = kvh * g + idx % g;
         if (!partial) {
             attnd_stN<4>(p.out, p.out_dt, (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + c4 * 4,

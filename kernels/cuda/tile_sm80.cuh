@@ -17,6 +17,14 @@ __device__ __forceinline__ uint32_t attnd_smem_addr(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// a * b as a 64-bit product of 32-bit operands (one IMAD.WIDE).
+__device__ __forceinline__ int64_t attnd_mul_wide(int32_t a, int32_t b)
+{
+    int64_t r;
+    asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 // 16 bytes global -> shared, bypassing L1; src_bytes < 16 zero-fills the rest (0: all zeros,
 // and src is not read).
 __device__ __forceinline__ void attnd_cp_async16(uint32_t dst, const void *src, int src_bytes)

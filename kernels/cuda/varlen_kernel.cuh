@@ -57,8 +57,7 @@ template <int D_PAD> struct attnd_fa_traits {
         KSTEPS = D_PAD / 16,                        // k-steps of Q K^T
         NTILES_O = D_PAD / 8,                       // n8 tiles of O
         TILE_BYTES = ATTND_FA_BM * D_PAD * 2,       // one 64-row tile, 16-bit
-        Q_IN_REGS = D_PAD <= 128,                   // keep Q fragments in registers
-        SMEM = 3 * TILE_BYTES + ATTND_FA_BN * 4     // Q, K, V tiles and key positions
+        SMEM = 3 * TILE_BYTES + ATTND_FA_BN * 4 + 8 // Q, K, V tiles, key positions, tile maxima
     };
     static_assert(ATTND_FA_BM == ATTND_FA_BN, "Q and K/V tiles share one size");
 };
@@ -79,9 +78,28 @@ static __device__ __forceinline__ void attnd_fa_chunk(uint32_t dst, const void *
     }
 }
 
-template <int D_PAD, int KIND, bool SPARSE>
-__global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_fa_fwd_kernel(const attnd_fa_kparams p)
+// The A fragment of k-step kk of the warp's 16 Q rows and the B fragments of the 64 K rows.
+template <int W>
+static __device__ __forceinline__ void attnd_fa_ldsm_qk(uint32_t sQ, uint32_t sK, int warp, int lane,
+                                                        int kk, uint32_t (&qa)[4], uint32_t (&kb)[4][4])
 {
+    attnd_ldsm_x4(sQ + attnd_swz_w<W>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), qa);
+#pragma unroll
+    for (int np = 0; np < 4; np++)
+        attnd_ldsm_x4(sK + attnd_swz_w<W>(np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
+                      kb[np]);
+}
+
+// ATTND_FA_PIPE: prefetch the Q K^T fragments one k-step ahead (head sizes <= 128).
+#ifndef ATTND_FA_PIPE
+#define ATTND_FA_PIPE 1
+#endif
+
+template <int D_PAD, int KIND, bool SPARSE>
+__global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIPE ? 2 : 3) : 2)
+    attnd_fa_fwd_kernel(const attnd_fa_kparams p)
+{
+    constexpr bool PIPE = ATTND_FA_PIPE && D_PAD <= 128;
     typedef attnd_fa_traits<D_PAD> Tr;
     constexpr bool BF = KIND == 1;
     constexpr bool FP8 = KIND == 2;
@@ -92,6 +110,7 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
     const uint32_t sQ = attnd_smem_addr(attnd_fa_smem);
     const uint32_t sK = sQ + Tr::TILE_BYTES, sV = sK + Tr::TILE_BYTES;
     int *kpos = (int *)(attnd_fa_smem + 3 * Tr::TILE_BYTES);
+    int *kmax = kpos + BN; // sparse: [2] largest key position of a tile (INT_MAX: a hole)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int bidx = blockIdx.z, h = blockIdx.y;
@@ -158,7 +177,10 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
                     if (blk >= 0 && pos < Lk) key = pos;
                 }
                 ok = key != INT_MAX;
-                if (ch == 0) kpos[r] = key;
+                if (ch == 0) {
+                    kpos[r] = key;
+                    atomicMax(&kmax[j & 1], key);
+                }
             } else {
                 key = j * BN + r;
                 ok = key < Lk;
@@ -189,6 +211,10 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
         }
     };
 
+    if (SPARSE) {
+        if (tid < 2) kmax[tid] = INT_MIN;
+        __syncthreads();
+    }
     if (n_tiles > 0) load_k(0);
     attnd_cp_async_commit();
 
@@ -199,17 +225,17 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
 #pragma unroll
     for (int i = 0; i < Tr::NTILES_O; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    uint32_t qf[Tr::Q_IN_REGS ? Tr::KSTEPS : 1][4];
     const bool has_bias = p.bias != NULL;
 
     for (int j = 0; j < n_tiles; j++) {
         attnd_cp_async_wait<0>();
         __syncthreads(); // K(j) landed; every warp is done with V(j-1)
-        if (Tr::Q_IN_REGS && j == 0 && warp_active) {
-#pragma unroll
-            for (int kk = 0; kk < Tr::KSTEPS; kk++)
-                if (kk * 16 < d)
-                    attnd_ldsm_x4(sQ + attnd_swz_w<W>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), qf[Tr::Q_IN_REGS ? kk : 0]);
+        // sparse: every row of this CTA sees all of tile j when its largest position is at most
+        // the first row's; the other slot is reset for tile j + 1 (filled after the next barrier)
+        bool sparse_full = false;
+        if (SPARSE) {
+            sparse_full = kmax[j & 1] <= past + m0;
+            if (tid == 0) kmax[(j + 1) & 1] = INT_MIN;
         }
         load_v(j);
         attnd_cp_async_commit();
@@ -219,30 +245,40 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
             float s[8][4];
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            // S = Q K^T. Per k-step the Q fragment and the four K fragments (16 keys each) are
+            // loaded together; with PIPE they are loaded one k-step ahead (more registers, 2 CTAs
+            // per SM), so no ldmatrix latency sits in front of the mma's.
+            if (PIPE) {
+                uint32_t qa[2][4], kb[2][4][4];
+                attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, 0, qa[0], kb[0]);
 #pragma unroll
-            for (int kk = 0; kk < Tr::KSTEPS; kk++) {
-                if (kk * 16 >= d) continue;
-                uint32_t a[4];
-                if (Tr::Q_IN_REGS) {
-                    a[0] = qf[Tr::Q_IN_REGS ? kk : 0][0];
-                    a[1] = qf[Tr::Q_IN_REGS ? kk : 0][1];
-                    a[2] = qf[Tr::Q_IN_REGS ? kk : 0][2];
-                    a[3] = qf[Tr::Q_IN_REGS ? kk : 0][3];
-                } else {
-                    attnd_ldsm_x4(sQ + attnd_swz_w<W>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), a);
+                for (int kk = 0; kk < Tr::KSTEPS; kk++) {
+                    if (kk * 16 >= d) continue;
+                    if (kk + 1 < Tr::KSTEPS && (kk + 1) * 16 < d)
+                        attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, kk + 1, qa[(kk + 1) & 1], kb[(kk + 1) & 1]);
+#pragma unroll
+                    for (int np = 0; np < 4; np++) {
+                        attnd_mma16816<BF>(s[2 * np], qa[kk & 1], kb[kk & 1][np][0], kb[kk & 1][np][1]);
+                        attnd_mma16816<BF>(s[2 * np + 1], qa[kk & 1], kb[kk & 1][np][2], kb[kk & 1][np][3]);
+                    }
                 }
+            } else {
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    attnd_ldsm_x4(sK + attnd_swz_w<W>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                         2 * kk + ((lane >> 3) & 1)), bb);
-                    attnd_mma16816<BF>(s[2 * np], a, bb[0], bb[1]);
-                    attnd_mma16816<BF>(s[2 * np + 1], a, bb[2], bb[3]);
+                for (int kk = 0; kk < Tr::KSTEPS; kk++) {
+                    if (kk * 16 >= d) continue;
+                    uint32_t qa[4], kb[4][4];
+                    attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, kk, qa, kb);
+#pragma unroll
+                    for (int np = 0; np < 4; np++) {
+                        attnd_mma16816<BF>(s[2 * np], qa, kb[np][0], kb[np][1]);
+                        attnd_mma16816<BF>(s[2 * np + 1], qa, kb[np][2], kb[np][3]);
+                    }
                 }
             }
             // scale (log2 units), masks, bias
-            const bool need_mask = SPARSE || has_bias || j * BN + BN > Lk ||
-                                   (p.causal && j * BN + BN - 1 > m0 + past);
+            const bool need_mask = SPARSE ? !sparse_full
+                                          : (has_bias || j * BN + BN > Lk ||
+                                             (p.causal && j * BN + BN - 1 > m0 + past));
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -326,16 +362,27 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? 3 : 2) attnd_
         attnd_cp_async_commit();
 
         if (warp_active) {
+            // O += P V: per 16 keys, the V fragments of up to 128 columns are loaded together,
+            // then their 16 independent mma's run
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
 #pragma unroll
-                for (int dp = 0; dp < D_PAD / 16; dp++) {
-                    if (dp * 16 >= d) continue;
-                    uint32_t bb[4];
-                    attnd_ldsm_x4_trans(sV + attnd_swz_w<W>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                           2 * dp + (lane >> 4)), bb);
-                    attnd_mma16816<BF>(o[2 * dp], pf[kk], bb[0], bb[1]);
-                    attnd_mma16816<BF>(o[2 * dp + 1], pf[kk], bb[2], bb[3]);
+                for (int dg = 0; dg < D_PAD / 128; dg++) {
+                    uint32_t vb[8][4];
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        if ((dg * 8 + i) * 16 < d)
+                            attnd_ldsm_x4_trans(sV + attnd_swz_w<W>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                                    2 * (dg * 8 + i) + (lane >> 4)),
+                                                vb[i]);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int dp = dg * 8 + i;
+                        if (dp * 16 < d) {
+                            attnd_mma16816<BF>(o[2 * dp], pf[kk], vb[i][0], vb[i][1]);
+                            attnd_mma16816<BF>(o[2 * dp + 1], pf[kk], vb[i][2], vb[i][3]);
+                        }
+                    }
                 }
             }
         }

@@ -498,11 +498,28 @@ static void test_blocksparse(void)
     a.in_dt = a.out_dt = ATTND_DTYPE_BF16;
     a.s.batch = 2, a.s.lq[0] = a.s.lk[0] = quick ? 200 : 1024, a.s.lq[1] = a.s.lk[1] = 77;
     blocksparse_case(&a);
-    /* decode only */
+    /* decode only (max_seqlen_q == 1: the decode kernel) */
     a.s.batch = 5;
     int32_t past[5] = {0, 63, 64, 900, 257};
     for (int s = 0; s < 5; s++) a.s.lq[s] = 1, a.s.lk[s] = past[s] + 1;
     blocksparse_case(&a);
+    static const int64_t dheads[] = {96, 64, 256, 200, 32};
+    static const int32_t dsizes[][2] = {{16, 0}, {32, 64}, {128, 0}, {64, 16}, {16, 128}};
+    for (int i = 0; i < 5; i++) {
+        bcase c;
+        memset(&c, 0, sizeof c);
+        c.hq = 6, c.hk = i % 2 ? 3 : 1, c.d = dheads[i];
+        c.bs = dsizes[i][0], c.qbs = dsizes[i][1];
+        c.in_dt = i % 2 ? ATTND_DTYPE_F16 : ATTND_DTYPE_BF16;
+        c.out_dt = i % 3 == 1 ? ATTND_DTYPE_F32 : c.in_dt;
+        c.random_layout = i % 2;
+        c.s.batch = 4;
+        for (int s = 0; s < 4; s++) {
+            c.s.lk[s] = (int32_t)attnd_rng_int(&rng, s == 0 ? 0 : 1, quick ? 300 : 2000);
+            c.s.lq[s] = c.s.lk[s] > 0 ? 1 : 0;
+        }
+        blocksparse_case(&c);
+    }
 }
 
 /* ---------------------------------------------------------------- linear attention */

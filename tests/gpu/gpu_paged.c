@@ -87,10 +87,10 @@ static int dev_poison(dev_tensor *d)
 {
     void *tmp = malloc(d->bytes ? d->bytes : 1);
     memset(tmp, 0xff, d->bytes);
-    int rv = attnd_backend_memcpy(g_cuda, d->t.data, tmp, d->bytes, ATTND_MEMCPY_H2D) ==
-                     ATTND_ERR_OK
-                 ? 0
-                 : -1;
+    int rv =
+        attnd_backend_memcpy(g_cuda, d->t.data, tmp, d->bytes, ATTND_MEMCPY_H2D) == ATTND_ERR_OK
+            ? 0
+            : -1;
     free(tmp);
     return rv;
 }
@@ -159,7 +159,8 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
 
     /* block tables: a random permutation of the blocks; unused entries hold valid ids too */
     int64_t *perm = malloc((size_t)num_blocks * sizeof *perm);
-    for (int64_t i = 0; i < num_blocks; i++) perm[i] = i;
+    for (int64_t i = 0; i < num_blocks; i++)
+        perm[i] = i;
     for (int64_t i = num_blocks - 1; i > 0; i--) {
         int64_t j = attnd_rng_int(rng, 0, i), t = perm[i];
         perm[i] = perm[j];
@@ -170,7 +171,9 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
         int64_t L = c->qlen[s] + c->ctx[s], nb = cdiv(L, c->bs);
         for (int64_t j = 0; j < max_blk; j++) {
             int64_t idx[2] = {s, j};
-            attnd_tt_set(&bt, idx, (double)(j < nb ? perm[next + j] : perm[attnd_rng_int(rng, 0, num_blocks - 1)]));
+            attnd_tt_set(
+                &bt, idx,
+                (double)(j < nb ? perm[next + j] : perm[attnd_rng_int(rng, 0, num_blocks - 1)]));
         }
         next += nb;
         int64_t i1[1] = {s};
@@ -214,7 +217,8 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     /* float64 reference (small cases) */
     double *ref = NULL, *ref_lse = NULL;
     double work = 0;
-    for (int s = 0; s < S; s++) work += (double)c->qlen[s] * (c->qlen[s] + c->ctx[s]);
+    for (int s = 0; s < S; s++)
+        work += (double)c->qlen[s] * (c->qlen[s] + c->ctx[s]);
     work *= c->hq * c->d;
     if (work < 4e8) {
         ref = malloc((size_t)(n_out > 0 ? n_out : 1) * sizeof *ref);
@@ -379,7 +383,8 @@ static void run_cache_write_case(int T, int hk, int d, int bs, attnd_dtype src_d
     /* distinct random slots, every 5th token padding */
     int64_t nslots = num_blocks * bs;
     int64_t *perm = malloc((size_t)nslots * sizeof *perm);
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
+    for (int64_t i = 0; i < nslots; i++)
+        perm[i] = i;
     for (int64_t i = nslots - 1; i > 0; i--) {
         int64_t j = attnd_rng_int(rng, 0, i), t = perm[i];
         perm[i] = perm[j];
@@ -432,8 +437,10 @@ static void run_cache_write_case(int T, int hk, int d, int bs, attnd_dtype src_d
         /* bit-exact: both round the same way (fp8: IEEE x / scale, then RNE, saturating) */
         int same = memcmp(kc.buf, kc2.buf, kc.bytes) == 0 && memcmp(vc.buf, vc2.buf, vc.bytes) == 0;
         size_t diff = 0;
-        for (size_t i = 0; i < kc.bytes; i++) diff += ((uint8_t *)kc.buf)[i] != ((uint8_t *)kc2.buf)[i];
-        for (size_t i = 0; i < vc.bytes; i++) diff += ((uint8_t *)vc.buf)[i] != ((uint8_t *)vc2.buf)[i];
+        for (size_t i = 0; i < kc.bytes; i++)
+            diff += ((uint8_t *)kc.buf)[i] != ((uint8_t *)kc2.buf)[i];
+        for (size_t i = 0; i < vc.bytes; i++)
+            diff += ((uint8_t *)vc.buf)[i] != ((uint8_t *)vc2.buf)[i];
         check(same, "cache_wr", name, (double)diff, 0.0);
     }
     dev_free(&dk);
@@ -459,8 +466,8 @@ static const attnd_dtype kFloat[3] = {ATTND_DTYPE_BF16, ATTND_DTYPE_F16, ATTND_D
 static void name_case(pcase *c, const char *tag)
 {
     int n = snprintf(c->name, sizeof c->name,
-                     "%s hq=%d hk=%d d=%d bs=%d q=%s kv=%s o=%s w=%d cap=%g alibi=%d seqs=%d[",
-                     tag, c->hq, c->hk, c->d, c->bs, attnd_dtype_name(c->q_dt),
+                     "%s hq=%d hk=%d d=%d bs=%d q=%s kv=%s o=%s w=%d cap=%g alibi=%d seqs=%d[", tag,
+                     c->hq, c->hk, c->d, c->bs, attnd_dtype_name(c->q_dt),
                      attnd_dtype_name(c->cache_dt), attnd_dtype_name(c->out_dt), c->window,
                      (double)c->softcap, c->alibi, c->num_seqs);
     for (int s = 0; s < c->num_seqs && s < 3 && n < (int)sizeof c->name - 24; s++)
@@ -601,7 +608,8 @@ static void full_grid(attnd_rng *rng)
             c.out_dt = kFloat[(si + ci) % 3];
             static const int x[12] = {0, 1, 15, 16, 17, 63, 64, 65, 1000, 2047, 2900, 333};
             int qq[12];
-            for (int s = 0; s < 12; s++) qq[s] = 1;
+            for (int s = 0; s < 12; s++)
+                qq[s] = 1;
             set_seqs(&c, 12, qq, x);
             name_case(&c, "decode");
             run_paged_case(&c, rng);

@@ -35,7 +35,7 @@ static int step_and_attend(attnd_client *c)
 
 int main(int argc, char **argv)
 {
-    attnd_client_opts opts = {"fault-client", NULL, 10000};
+    attnd_client_opts opts = {.name = "fault-client", .timeout_ms = 10000};
     attnd_client *c = NULL;
     if (argc != 2) {
         fprintf(stderr, "usage: attnd_fault_client URL\n");

@@ -16,6 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
+
 #include "loadutil.h"
 
 #define ACCESS_CONFIG(server_extra)                                                                \
@@ -215,7 +219,7 @@ static uint16_t free_port(void)
 
 static attnd_err hello_over(const char *url, const char *token)
 {
-    attnd_client_opts opts = {"access-test", token, 5000};
+    attnd_client_opts opts = {.name = "access-test", .token = token, .timeout_ms = 5000};
     attnd_client *c = NULL;
     cr_assert_eq(attnd_client_alloc(&c, &opts), ATTND_ERR_OK);
     attnd_err rv = attnd_client_connect(c, url, NULL);
@@ -374,4 +378,87 @@ Test(access, hostile_sizes_are_rejected_before_any_allocation, .timeout = 120)
     lu_raw_close(s);
     shm_unlink(shm_name);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
+
+/* ---------------------------------------------------------------- TLS */
+
+/* A TLS client's Status over url (CA: the daemon's self-signed certificate). */
+static int tls_status(const char *url, const char *ca_file)
+{
+    nng_socket s;
+    nng_dialer dl;
+    nng_tls_config *tc = NULL;
+    nng_msg *m = NULL;
+    int rv, code = -1;
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__StatusRequest sr = ATTND__STATUS_REQUEST__INIT;
+    req.id = 3;
+    req.body_case = ATTND__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 5000);
+    if ((rv = nng_dialer_create(&dl, s, url)) == 0 &&
+        (rv = nng_tls_config_alloc(&tc, NNG_TLS_MODE_CLIENT)) == 0 &&
+        (rv = nng_tls_config_ca_file(tc, ca_file)) == 0 &&
+        (rv = nng_tls_config_server_name(tc, "localhost")) == 0 &&
+        (rv = nng_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, tc)) == 0 &&
+        (rv = nng_dialer_start(dl, 0)) == 0 &&
+        (rv = nng_msg_alloc(&m, attnd__request__get_packed_size(&req))) == 0) {
+        attnd__request__pack(&req, nng_msg_body(m));
+        if (nng_sendmsg(s, m, 0) != 0) nng_msg_free(m);
+        else if (nng_recvmsg(s, &m, 0) == 0) {
+            Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+            code = rep ? (int)rep->code : -1;
+            if (rep) attnd__reply__free_unpacked(rep, NULL);
+            nng_msg_free(m);
+        }
+    }
+    if (tc) nng_tls_config_free(tc);
+    nng_close(s);
+    return code;
+}
+
+Test(access, tls_listener_answers_tls_clients_only, .timeout = 120)
+{
+    attnd_daemon_proc d;
+    char base[96], cmd[768], cfg[1024], url[64], crt[128], pem[128];
+    if (system("command -v openssl >/dev/null 2>&1") != 0)
+        cr_skip_test("openssl is not installed (scripts/setup.sh installs it)");
+    snprintf(base, sizeof base, "/tmp/attnd-tls-%d", (int)getpid());
+    snprintf(crt, sizeof crt, "%s.crt", base);
+    snprintf(pem, sizeof pem, "%s.pem", base);
+    snprintf(cmd, sizeof cmd,
+             "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+             "-subj /CN=localhost -keyout %s.key -out %s >/dev/null 2>&1 && cat %s %s.key > %s",
+             base, crt, crt, base, pem);
+    cr_assert_eq(system(cmd), 0, "openssl could not make a certificate");
+    snprintf(url, sizeof url, "tls+tcp://127.0.0.1:%u", free_port());
+    snprintf(cfg, sizeof cfg,
+             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, pem);
+    cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
+    cr_assert_eq(tcp_listeners(d.pid), 1);
+    cr_assert_eq(tls_status(url, crt), ATTND_ERR_OK, "a TLS client got no answer");
+    /* plain tcp to the TLS port: no answer */
+    uint32_t raw;
+    char plain[64];
+    snprintf(plain, sizeof plain, "tcp://%s", url + strlen("tls+tcp://"));
+    if (lu_raw_open(plain, 1000, &raw) == 0) {
+        Attnd__Reply *rep = NULL;
+        Attnd__Request req = ATTND__REQUEST__INIT;
+        Attnd__StatusRequest sr = ATTND__STATUS_REQUEST__INIT;
+        req.body_case = ATTND__REQUEST__BODY_STATUS;
+        req.status = &sr;
+        cr_assert_neq(lu_raw_call(raw, &req, &rep), 0, "a plain tcp client was answered");
+        lu_raw_close(raw);
+    }
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+
+    /* a certificate file that is not one: the start fails and says which key */
+    snprintf(cfg, sizeof cfg,
+             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, crt);
+    cr_assert_eq(attnd_daemon_start(&d, cfg), -1);
+    cr_assert_geq(lu_log_count(&d, "server.tls_cert_key_file"), 1);
+    unlink(d.log_path);
+    snprintf(cmd, sizeof cmd, "rm -f %s.key %s %s", base, crt, pem);
+    cr_assert_eq(system(cmd), 0);
 }

@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+
 #include "loadutil.h"
 
 #define FAULT_CONFIG(extra)                                                                        \
@@ -409,4 +411,42 @@ Test(faults, systemd_gets_ready_watchdog_reloading_and_stopping, .timeout = 120)
     unlink(path);
     unlink(d.log_path);
     unlink(d.config_path);
+}
+
+/* ---------------------------------------------------------------- log rate limiting */
+
+Test(faults, repeated_errors_are_rate_limited_in_the_log, .timeout = 120)
+{
+    attnd_daemon_proc d;
+    uint32_t s;
+    char *body = NULL;
+    cr_assert_eq(attnd_daemon_start(&d, FAULT_CONFIG("")), 0);
+    uint16_t port = http_port(&d);
+    cr_assert_eq(lu_raw_open(d.url, 5000, &s), 0);
+    /* 200 undecodable messages in a burst, each answered PROTOCOL */
+    nng_socket sock = {.id = s};
+    for (int i = 0; i < 200; i++) {
+        static const char junk[] = "\xff\xff\xff\xff not a request";
+        nng_msg *m = NULL;
+        cr_assert_eq(nng_send(sock, (void *)junk, sizeof junk - 1, 0), 0);
+        cr_assert_eq(nng_recvmsg(sock, &m, 0), 0);
+        Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+        cr_assert(rep != NULL && rep->code == ATTND_ERR_PROTOCOL);
+        attnd__reply__free_unpacked(rep, NULL);
+        nng_msg_free(m);
+    }
+    lu_raw_close(s);
+    int lines = lu_log_count(&d, "code=PROTOCOL");
+    cr_assert_geq(lines, 1);
+    cr_assert_leq(lines, 12, "%d log lines for 200 identical errors", lines);
+    cr_assert_eq(lu_http_get(port, "/metrics", &body), 200);
+    cr_assert_eq(lu_metric(body, "attnd_requests_total{type=\"invalid\",code=\"PROTOCOL\"}"), 200.0);
+    cr_assert_eq(lu_metric(body, "attnd_log_suppressed_total"), 200.0 - lines);
+    free(body);
+    /* another kind of error still gets its line at once */
+    attnd_client *c = attnd_daemon_connect(&d, 5000);
+    cr_assert_eq(attnd_client_seq_free(c, 12345), ATTND_ERR_NOT_FOUND);
+    attnd_client_free(c);
+    cr_assert_eq(lu_log_wait(&d, "body=free code=NOT_FOUND", 2000), 0);
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
 }

@@ -1,12 +1,15 @@
 #include "daemon_proc.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,17 +43,53 @@ static void make_paths(attnd_daemon_proc *d)
     snprintf(d->url, sizeof d->url, "ipc://%s", d->sock_path);
 }
 
-static int write_config(const attnd_daemon_proc *d, const char *tmpl)
+/* A TCP port nobody listens on right now (the kernel's pick for port 0). */
+int attnd_daemon_free_port(void)
 {
-    FILE *f = fopen(d->config_path, "w");
-    const char *p = tmpl, *hit;
-    if (f == NULL) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* The next placeholder in p: its position and replacement (NULL when none is left). */
+static const char *next_placeholder(const attnd_daemon_proc *d, const char *p, const char **with)
+{
+    const char *u = strstr(p, "@URL@"), *t = strstr(p, "@TCP@");
+    if (u != NULL && (t == NULL || u < t)) {
+        *with = d->url;
+        return u;
+    }
+    *with = d->tcp_url;
+    return t;
+}
+
+static int write_config(attnd_daemon_proc *d, const char *tmpl)
+{
+    FILE *f;
+    const char *p = tmpl, *hit, *with;
+    if (strstr(tmpl, "@TCP@") != NULL) {
+        int port = attnd_daemon_free_port();
+        if (port <= 0) {
+            fprintf(stderr, "daemon_proc: no free TCP port\n");
+            return -1;
+        }
+        snprintf(d->tcp_url, sizeof d->tcp_url, "tcp://127.0.0.1:%d", port);
+    }
+    if ((f = fopen(d->config_path, "w")) == NULL) {
         fprintf(stderr, "daemon_proc: %s: %s\n", d->config_path, strerror(errno));
         return -1;
     }
-    while ((hit = strstr(p, "@URL@")) != NULL) {
+    while ((hit = next_placeholder(d, p, &with)) != NULL) {
         fwrite(p, 1, (size_t)(hit - p), f);
-        fputs(d->url, f);
+        fputs(with, f);
         p = hit + 5;
     }
     fputs(p, f);
@@ -80,7 +119,8 @@ void attnd_daemon_dump_log(const attnd_daemon_proc *d)
     FILE *f = fopen(d->log_path, "r");
     if (f == NULL) return;
     fprintf(stderr, "---- attnd log (%s)\n", d->log_path);
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stderr);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        fwrite(buf, 1, n, stderr);
     fprintf(stderr, "---- end of attnd log\n");
     fclose(f);
 }
@@ -96,7 +136,7 @@ static int exit_code(int status)
 /* Does the daemon answer Hello? */
 static int answers(const attnd_daemon_proc *d)
 {
-    attnd_client_opts opts = {"daemon_proc", NULL, 500};
+    attnd_client_opts opts = {.name = "daemon_proc", .timeout_ms = 500};
     attnd_client *c = NULL;
     int ok;
     if (attnd_client_alloc(&c, &opts) != ATTND_ERR_OK) return 0;
@@ -215,12 +255,18 @@ int attnd_daemon_stop(attnd_daemon_proc *d)
 
 attnd_client *attnd_daemon_connect(const attnd_daemon_proc *d, int32_t timeout_ms)
 {
-    attnd_client_opts opts = {"attnd-test", NULL, timeout_ms};
+    return attnd_daemon_connect_url(d->url, timeout_ms, NULL);
+}
+
+attnd_client *attnd_daemon_connect_url(const char *url, int32_t timeout_ms, const char *tls_ca)
+{
+    attnd_client_opts opts = {.name = "attnd-test", .timeout_ms = timeout_ms};
     attnd_client *c = NULL;
     attnd_err rv;
     if (attnd_client_alloc(&c, &opts) != ATTND_ERR_OK) return NULL;
-    if ((rv = attnd_client_connect(c, d->url, NULL)) != ATTND_ERR_OK) {
-        fprintf(stderr, "daemon_proc: connect %s: %s: %s\n", d->url, attnd_err_name(rv),
+    if ((rv = attnd_client_set_tls(c, tls_ca, NULL)) != ATTND_ERR_OK ||
+        (rv = attnd_client_connect(c, url, NULL)) != ATTND_ERR_OK) {
+        fprintf(stderr, "daemon_proc: connect %s: %s: %s\n", url, attnd_err_name(rv),
                 attnd_client_last_error(c));
         attnd_client_free(c);
         return NULL;

@@ -11,6 +11,7 @@
 typedef struct attnd_daemon_proc {
     pid_t pid;
     char url[160];
+    char tcp_url[64]; /* when the template asked for one (@TCP@) */
     char sock_path[128];
     char config_path[128];
     char log_path[128];
@@ -18,16 +19,17 @@ typedef struct attnd_daemon_proc {
 
 /* A small CPU configuration: 2 layers, 8 q / 2 kv heads, head 64, block 16, bf16 cache. "@URL@"
  * is replaced by the daemon's listen URL. */
-#define ATTND_TEST_CONFIG_SMALL                                                                  \
-    "{\"backend\": \"cpu\", \"threads\": 2,"                                                    \
-    " \"server\": {\"listen\": \"@URL@\"},"                                                     \
-    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                \
-    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 512,"     \
-    " \"max_blocks_per_seq\": 64},"                                                              \
+#define ATTND_TEST_CONFIG_SMALL                                                                    \
+    "{\"backend\": \"cpu\", \"threads\": 2,"                                                       \
+    " \"server\": {\"listen\": \"@URL@\"},"                                                        \
+    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
+    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 512,"      \
+    " \"max_blocks_per_seq\": 64},"                                                                \
     " \"log\": {\"level\": \"warn\", \"stats_interval_s\": 0}}"
 
-/* Write the configuration (every "@URL@" replaced by a fresh ipc:// URL), start the daemon and
- * wait until it answers Hello (at most 20 s). 0 on success; -1 with the reason and the daemon's
+/* Write the configuration (every "@URL@" replaced by a fresh ipc:// URL, every "@TCP@" by
+ * tcp://127.0.0.1:<a free port>), start the daemon and wait until it answers Hello on the ipc
+ * URL (at most 20 s). 0 on success; -1 with the reason and the daemon's
  * log on stderr. */
 int attnd_daemon_start(attnd_daemon_proc *d, const char *config_template);
 /* SIGTERM, wait for the exit (at most 30 s, then SIGKILL), remove the files. Returns the exit
@@ -44,5 +46,9 @@ void attnd_daemon_dump_log(const attnd_daemon_proc *d);
 /* A client connected to d with a session (timeout_ms per call, 0 = default); NULL on failure
  * (the reason on stderr). */
 attnd_client *attnd_daemon_connect(const attnd_daemon_proc *d, int32_t timeout_ms);
+/* Same, to url, with the CA file tls+tcp:// needs (NULL otherwise). */
+attnd_client *attnd_daemon_connect_url(const char *url, int32_t timeout_ms, const char *tls_ca);
+/* A TCP port on 127.0.0.1 nobody listens on right now; -1 if none. */
+int attnd_daemon_free_port(void);
 
 #endif

@@ -299,9 +299,12 @@ double attnd_e2e_lse_err(const attnd_tensor *a, const double *b)
 double attnd_e2e_direct_tol(attnd_dtype out_dtype)
 {
     switch (out_dtype) {
-    case ATTND_DTYPE_F32: return 1e-5;
-    case ATTND_DTYPE_F16: return 2e-4;
-    default: return 1e-3;
+    case ATTND_DTYPE_F32:
+        return 1e-5;
+    case ATTND_DTYPE_F16:
+        return 2e-4;
+    default:
+        return 1e-3;
     }
 }
 
@@ -329,8 +332,8 @@ static attnd_err call_failed(attnd_client *c, const char *what, attnd_err rv)
 }
 
 /* BeginStep on both sides; the daemon's layout must be the mirror's. */
-static attnd_err begin_both(attnd_client *c, attnd_mirror *m, const attnd_step_seq *seqs,
-                            int32_t n, attnd_step *step)
+static attnd_err begin_both(attnd_client *c, attnd_mirror *m, const attnd_step_seq *seqs, int32_t n,
+                            attnd_step *step)
 {
     uint32_t qsl[ATTND_MIRROR_MAX_SEQS + 1];
     attnd_err rv;
@@ -407,15 +410,16 @@ static void expect_free(expect *e)
 /* The daemon's out / out_lse in io against both expectations. */
 static void compare(const attnd_e2e_io *io, expect *e, attnd_e2e_errs *errs)
 {
-    for (int64_t i = 0; i < e->nlse; i++) e->dlse64[i] = e->dlse[i];
+    for (int64_t i = 0; i < e->nlse; i++)
+        e->dlse64[i] = e->dlse[i];
     attnd_e2e_errs_max(errs, attnd_e2e_rel_l2_t(&io->out, &e->direct),
-                       attnd_e2e_lse_err(&io->lse, e->dlse64), attnd_e2e_rel_l2_d(&io->out, e->rout),
-                       attnd_e2e_lse_err(&io->lse, e->rlse));
+                       attnd_e2e_lse_err(&io->lse, e->dlse64),
+                       attnd_e2e_rel_l2_d(&io->out, e->rout), attnd_e2e_lse_err(&io->lse, e->rlse));
 }
 
 attnd_err attnd_e2e_attend_layers(attnd_client *c, attnd_mirror *m, const attnd_shm *shm,
-                               attnd_dtype dt, int use_inline, uint64_t step, attnd_rng *r,
-                               attnd_e2e_errs *errs)
+                                  attnd_dtype dt, int use_inline, uint64_t step, attnd_rng *r,
+                                  attnd_e2e_errs *errs)
 {
     attnd_e2e_io io;
     expect e;

@@ -27,9 +27,9 @@ typedef struct attnd_mirror_opts {
 
 typedef struct attnd_mirror_seq {
     uint64_t id;
-    int32_t slot;  /* local index: blocks slot * blocks_per_seq .. */
-    int32_t len;   /* committed tokens */
-    int32_t pend;  /* tokens of the open step */
+    int32_t slot; /* local index: blocks slot * blocks_per_seq .. */
+    int32_t len;  /* committed tokens */
+    int32_t pend; /* tokens of the open step */
     int32_t used;
 } attnd_mirror_seq;
 

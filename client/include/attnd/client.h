@@ -127,8 +127,8 @@ typedef struct attnd_step {
  * them, contiguous); an output's bytes come back into `out` (`bytes` = its capacity, which must
  * equal the size of what the daemon returns). Build one with the attnd_ref_* helpers below. */
 typedef struct attnd_ref {
-    uint32_t region;  /* registered region id; 0 = INLINE */
-    uint64_t offset;  /* bytes from the region's start */
+    uint32_t region; /* registered region id; 0 = INLINE */
+    uint64_t offset; /* bytes from the region's start */
     attnd_dtype dtype;
     int32_t ndim;
     int64_t shape[ATTND_REF_MAX_DIMS];
@@ -140,10 +140,11 @@ typedef struct attnd_ref {
 } attnd_ref;
 
 /* A POSIX shared-memory object mapped here and registered with the daemon as one region.
- * The caller owns the struct; attnd_client_shm_create fills it, attnd_client_shm_destroy ends it. */
+ * The caller owns the struct; attnd_client_shm_create fills it, attnd_client_shm_destroy ends it.
+ */
 typedef struct attnd_shm {
     uint32_t region; /* region id it is registered under (0 = not registered) */
-    char name[64];   /* shm_open name, "/attnd-<pid>-<n>-<rand>" */
+    char name[64];   /* shm_open name it had, "/attnd-<pid>-<n>-<rand>" (unlinked once mapped) */
     void *base;      /* mapping in this process */
     size_t size;     /* bytes */
 } attnd_shm;
@@ -156,8 +157,16 @@ ATTND_CLIENT_API attnd_err attnd_client_alloc(attnd_client **c, const attnd_clie
  * attnd_client_shm_create must be destroyed first; the daemon reclaims the session's sequences
  * when the connection drops. */
 ATTND_CLIENT_API void attnd_client_free(attnd_client *c);
-/* Dial "ipc:///path" or "tcp://host:port" (synchronous). UNAVAILABLE if nothing listens there,
- * INVALID_ARGUMENT for a malformed URL. */
+/* For tls+tcp:// URLs, before dialing: the PEM file of the CA(s) that must have signed the
+ * daemon's certificate (required: the daemon is always verified) and the name to check the
+ * certificate against (NULL = the URL's host; mbedTLS matches DNS names, so dial
+ * tls+tcp://localhost:PORT rather than 127.0.0.1 for a "localhost" certificate). The strings are
+ * copied. INVALID_ARGUMENT when too long. */
+ATTND_CLIENT_API attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_file,
+                                                const char *server_name);
+/* Dial "ipc:///path", "tcp://host:port" or "tls+tcp://host:port" (synchronous). UNAVAILABLE if
+ * nothing listens there (or the TLS handshake fails), INVALID_ARGUMENT for a malformed URL or a
+ * tls+tcp:// URL without a CA (attnd_client_set_tls). */
 ATTND_CLIENT_API attnd_err attnd_client_dial(attnd_client *c, const char *url);
 /* Send Hello and open a session; info (may be NULL) receives the reply, which the client also
  * keeps (attnd_client_server). */
@@ -179,8 +188,7 @@ ATTND_CLIENT_API const char *attnd_client_last_error(const attnd_client *c);
 ATTND_CLIENT_API int attnd_client_last_error_remote(const attnd_client *c);
 /* Copy the last error message into buf (always NUL-terminated when len > 0); returns its
  * length. */
-ATTND_CLIENT_API size_t attnd_client_last_error_copy(const attnd_client *c, char *buf,
-                                                     size_t len);
+ATTND_CLIENT_API size_t attnd_client_last_error_copy(const attnd_client *c, char *buf, size_t len);
 /* StatusRequest; works without a session (after attnd_client_dial). */
 ATTND_CLIENT_API attnd_err attnd_client_status(attnd_client *c, attnd_status *st);
 
@@ -199,11 +207,13 @@ ATTND_CLIENT_API attnd_err attnd_client_region_unregister(attnd_client *c, uint3
 ATTND_CLIENT_API uint32_t attnd_client_region_next_id(attnd_client *c);
 
 /* Create a shm object of `size` bytes (shm_open + ftruncate + mmap, zero-filled), and register
- * it under a fresh region id. On failure nothing is left behind. NO_MEMORY / INTERNAL for local
+ * it under a fresh region id. Once the daemon has mapped it the name is unlinked, so the memory
+ * lives exactly as long as the two mappings (a crash leaves nothing in /dev/shm); shm->name
+ * stays for messages. On failure nothing is left behind. NO_MEMORY / INTERNAL for local
  * failures (the message names the system call), or the daemon's code. */
 ATTND_CLIENT_API attnd_err attnd_client_shm_create(attnd_client *c, size_t size, attnd_shm *shm);
-/* Unregister (when registered and c is not NULL), unmap and unlink. Returns the unregister
- * result; the local object is released in any case. */
+/* Unregister (when registered and c is not NULL) and unmap. Returns the unregister result;
+ * the local mapping is released in any case. */
 ATTND_CLIENT_API attnd_err attnd_client_shm_destroy(attnd_client *c, attnd_shm *shm);
 
 /* ---------------------------------------------------------------- tensor references */
@@ -221,8 +231,8 @@ ATTND_CLIENT_API void attnd_ref_inline_in(attnd_ref *r, const void *data, attnd_
                                           int32_t ndim, const int64_t *shape);
 /* An INLINE output: the result comes back in the reply and is copied to out (contiguous,
  * attnd_ref_nbytes of the shape). */
-ATTND_CLIENT_API void attnd_ref_inline_out(attnd_ref *r, void *out, attnd_dtype dtype,
-                                           int32_t ndim, const int64_t *shape);
+ATTND_CLIENT_API void attnd_ref_inline_out(attnd_ref *r, void *out, attnd_dtype dtype, int32_t ndim,
+                                           const int64_t *shape);
 
 /* ---------------------------------------------------------------- sequences and steps */
 
@@ -299,8 +309,7 @@ typedef struct attnd_linear_args {
     size_t num_slopes;
     int32_t block_size;
 } attnd_linear_args;
-ATTND_CLIENT_API attnd_err attnd_client_linear_prefill(attnd_client *c,
-                                                       const attnd_linear_args *a);
+ATTND_CLIENT_API attnd_err attnd_client_linear_prefill(attnd_client *c, const attnd_linear_args *a);
 ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const attnd_linear_args *a);
 
 #ifdef __cplusplus

@@ -112,10 +112,11 @@ class Region:
 
 
 class Client:
-    """One connection and session (attnd_client). Not for several threads at once from Python;
-    use one Client per thread."""
+    """One connection and session (attnd_client) to url: ipc://PATH, tcp://HOST:PORT, or
+    tls+tcp://HOST:PORT with tls_ca_file. Use one Client per Python thread."""
 
-    def __init__(self, url=DEFAULT_URL, name="attnd-python", token=None, timeout_ms=0, lib=None):
+    def __init__(self, url=DEFAULT_URL, name="attnd-python", token=None, timeout_ms=0, lib=None,
+                 tls_ca_file=None, tls_server_name=None):
         self._lib = _lib.load(lib)
         self._c = ctypes.c_void_p()
         self._regions = []
@@ -124,7 +125,10 @@ class Client:
         if rv != 0:
             raise AttndError(rv, self._lib.attnd_err_name(rv).decode(), "client alloc", False)
         info = _lib.ServerInfo()
+        enc = lambda x: x.encode() if x else None  # noqa: E731
         try:
+            self._check(self._lib.attnd_client_set_tls(self._c, enc(tls_ca_file),
+                                                       enc(tls_server_name)))
             self._check(self._lib.attnd_client_connect(self._c, url.encode(), ctypes.byref(info)))
         except AttndError:
             self._lib.attnd_client_free(self._c)

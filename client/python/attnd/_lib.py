@@ -107,6 +107,7 @@ def _declare(lib):
     c, u32, u64, i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
     _fn(lib, "attnd_client_alloc", E, P(c), P(Opts))
     _fn(lib, "attnd_client_free", None, c)
+    _fn(lib, "attnd_client_set_tls", E, c, ctypes.c_char_p, ctypes.c_char_p)
     _fn(lib, "attnd_client_dial", E, c, ctypes.c_char_p)
     _fn(lib, "attnd_client_hello", E, c, P(ServerInfo))
     _fn(lib, "attnd_client_connect", E, c, ctypes.c_char_p, P(ServerInfo))
