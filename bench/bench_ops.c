@@ -11,8 +11,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/cuda/cuda_backend.h"
 #include "attnd/kernels.h"
+
+#ifndef ATTND_HAVE_CUDA
+int main(void)
+{
+    fprintf(stderr, "bench_ops: built without the CUDA backend\n");
+    return 1;
+}
+#else
+/* The backend's stream, for CUDA events around each call (bench only; ops never expose it). */
+#include "../kernels/cuda/cuda_backend.h"
 
 static attnd_backend *gpu;
 static cudaStream_t stream;
@@ -24,7 +33,7 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
     do {                                                                                           \
         attnd_err rv_ = (call);                                                                    \
         if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "bench_ops: %s: %s (%s)\n", #call, attnd_strerror(rv_),               \
+            fprintf(stderr, "bench_ops: %s: %s (%s)\n", #call, attnd_strerror(rv_),                \
                     attnd_backend_last_error(gpu));                                                \
             exit(1);                                                                               \
         }                                                                                          \
@@ -60,14 +69,16 @@ static attnd_tensor dev_tensor(attnd_dtype dt, int32_t ndim, const int64_t *shap
 {
     attnd_tensor t;
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
     size_t bytes = (size_t)n * attnd_dtype_size(dt);
     void *d = NULL;
     CK(attnd_backend_alloc(gpu, bytes, &d));
     attnd_tensor_init(&t, d, dt, ndim, shape);
     if (dt == ATTND_DTYPE_I32 || dt == ATTND_DTYPE_I64) return t;
     void *h = malloc(bytes);
-    for (int64_t i = 0; i < n; i++) attnd_store_f32(h, dt, i, (float)(scale * 1.7 * rnd()));
+    for (int64_t i = 0; i < n; i++)
+        attnd_store_f32(h, dt, i, (float)(scale * 1.7 * rnd()));
     CK(attnd_backend_memcpy(gpu, d, h, bytes, ATTND_MEMCPY_H2D));
     free(h);
     return t;
@@ -98,11 +109,13 @@ static double time_op(op_fn fn, void *ctx)
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
-    for (int i = 0; i < 5; i++) CK(fn(ctx));
+    for (int i = 0; i < 5; i++)
+        CK(fn(ctx));
     CK(attnd_backend_sync(gpu));
     /* estimate, then ~200 ms of repetitions (10..500) */
     CU(cudaEventRecord(e0, stream));
-    for (int i = 0; i < 5; i++) CK(fn(ctx));
+    for (int i = 0; i < 5; i++)
+        CK(fn(ctx));
     CU(cudaEventRecord(e1, stream));
     CU(cudaEventSynchronize(e1));
     float est = 0;
@@ -142,7 +155,8 @@ typedef struct copy_ctx {
 static attnd_err copy_fn(void *ctx)
 {
     copy_ctx *c = ctx;
-    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
+    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, stream) ==
+                   cudaSuccess
                ? ATTND_ERR_OK
                : ATTND_ERR_INTERNAL;
 }
@@ -199,7 +213,8 @@ static void bench_merge(void)
     /* host cost per call (tiny shape) and call + sync latency */
     attnd_merge_params p;
     merge_params(&p, 1, H, D);
-    for (int i = 0; i < 100; i++) CK(merge_fn(&p));
+    for (int i = 0; i < 100; i++)
+        CK(merge_fn(&p));
     CK(attnd_backend_sync(gpu));
     enum { N = 2000 };
     static double per[N];
@@ -235,7 +250,8 @@ static attnd_tensor cu_uniform(int64_t batch, int32_t len)
     int64_t s[1] = {batch + 1};
     attnd_tensor t = dev_tensor(ATTND_DTYPE_I32, 1, s, 0);
     int32_t *h = malloc(sizeof(int32_t) * (size_t)(batch + 1));
-    for (int64_t i = 0; i <= batch; i++) h[i] = (int32_t)(i * len);
+    for (int64_t i = 0; i <= batch; i++)
+        h[i] = (int32_t)(i * len);
     dev_upload(&t, h, sizeof(int32_t) * (size_t)(batch + 1));
     free(h);
     return t;
@@ -260,8 +276,8 @@ static void bench_varlen(void)
         p.q = dev_tensor(cases[i].dt, 3, qs, 1.0);
         p.k = dev_tensor(cases[i].dt, 3, ks, 1.0);
         p.v = dev_tensor(cases[i].dt, 3, ks, 1.0);
-        p.out = dev_tensor(cases[i].dt == ATTND_DTYPE_FP8_E4M3 ? ATTND_DTYPE_BF16 : cases[i].dt, 3, qs,
-                           1.0);
+        p.out = dev_tensor(cases[i].dt == ATTND_DTYPE_FP8_E4M3 ? ATTND_DTYPE_BF16 : cases[i].dt, 3,
+                           qs, 1.0);
         p.cu_seqlens_q = cu_uniform(B, (int32_t)L);
         p.cu_seqlens_k = cu_uniform(B, (int32_t)L);
         p.max_seqlen_q = p.max_seqlen_k = (int32_t)L;
@@ -320,7 +336,8 @@ static void bs_layout(attnd_blocksparse_params *p, int64_t heads, int64_t nrows,
     }
     int32_t *col = calloc((size_t)(heads * width), sizeof(int32_t));
     for (int64_t h = 0; h < heads; h++)
-        for (int64_t c = 0; c < crow[h * (nrows + 1) + nrows]; c++) col[h * width + c] = cols[h * cap + c];
+        for (int64_t c = 0; c < crow[h * (nrows + 1) + nrows]; c++)
+            col[h * width + c] = cols[h * cap + c];
     int64_t cs[2] = {heads, nrows + 1}, ws[2] = {heads, width};
     p->layout_crow = dev_tensor(ATTND_DTYPE_I32, 2, cs, 0);
     p->layout_col = dev_tensor(ATTND_DTYPE_I32, 2, ws, 0);
@@ -333,9 +350,11 @@ static void bs_layout(attnd_blocksparse_params *p, int64_t heads, int64_t nrows,
 
 static void bs_free(attnd_blocksparse_params *p)
 {
-    attnd_tensor *all[] = {&p->q, &p->k, &p->v, &p->out, &p->cu_seqlens_q, &p->cu_seqlens_k,
-                           &p->layout_crow, &p->layout_col};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
+    attnd_tensor *all[] = {
+        &p->q,           &p->k,         &p->v, &p->out, &p->cu_seqlens_q, &p->cu_seqlens_k,
+        &p->layout_crow, &p->layout_col};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dev_free(all[i]);
 }
 
 static void bench_blocksparse(void)
@@ -360,7 +379,8 @@ static void bench_blocksparse(void)
         double density = listed / ((double)HQ * (double)(nrows * (nrows + 1)) / 2);
         double ms = time_op(bs_fn, &p);
         double flops = 4.0 * (double)(B * HQ * D) * (double)(L * L) / 2;
-        printf("case=blocksparse attnd prefill b=%lld L=%lld bf16 density=%.3f | ms=%.4g | TFLOPs=%.4g\n",
+        printf("case=blocksparse attnd prefill b=%lld L=%lld bf16 density=%.3f | ms=%.4g | "
+               "TFLOPs=%.4g\n",
                (long long)B, (long long)L, density, ms, flops * density / ms / 1e9);
         bs_free(&p);
     }
@@ -406,7 +426,8 @@ static attnd_tensor slopes_tensor(int64_t H)
     int64_t s[1] = {H};
     attnd_tensor t = dev_tensor(ATTND_DTYPE_F32, 1, s, 0);
     float *h = malloc(sizeof(float) * (size_t)H);
-    for (int64_t i = 0; i < H; i++) h[i] = (float)pow(2.0, -8.0 * (double)(i + 1) / (double)H);
+    for (int64_t i = 0; i < H; i++)
+        h[i] = (float)pow(2.0, -8.0 * (double)(i + 1) / (double)H);
     dev_upload(&t, h, sizeof(float) * (size_t)H);
     free(h);
     return t;
@@ -429,10 +450,12 @@ static void bench_linear(void)
         p.slopes = slopes_tensor(H);
         double ms = time_op(lin_prefill_fn, &p);
         double nominal = (double)H * (double)N * (double)(64 * (d + d) + 4 * d * d);
-        printf("case=linear attnd prefill b=1 h=%lld n=%lld d=e=%lld bf16 | ms=%.4g | TFLOPs=%.4g\n",
-               (long long)H, (long long)N, (long long)d, ms, nominal / ms / 1e9);
+        printf(
+            "case=linear attnd prefill b=1 h=%lld n=%lld d=e=%lld bf16 | ms=%.4g | TFLOPs=%.4g\n",
+            (long long)H, (long long)N, (long long)d, ms, nominal / ms / 1e9);
         attnd_tensor *all[] = {&p.q, &p.k, &p.v, &p.out, &p.kv_state, &p.slopes};
-        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) dev_free(all[j]);
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++)
+            dev_free(all[j]);
     }
     for (int i = 0; i < 2; i++) {
         const int64_t d = ds[i], R = 64, SLOTS = 128;
@@ -447,7 +470,8 @@ static void bench_linear(void)
         p.slopes = slopes_tensor(H);
         p.slot_idx = dev_tensor(ATTND_DTYPE_I64, 1, ss, 0);
         int64_t perm[128];
-        for (int j = 0; j < SLOTS; j++) perm[j] = j;
+        for (int j = 0; j < SLOTS; j++)
+            perm[j] = j;
         for (int j = SLOTS - 1; j > 0; j--) {
             int k = (int)((rnd() + 1.0) * 0.5 * (j + 1));
             if (k > j) k = j;
@@ -461,7 +485,8 @@ static void bench_linear(void)
         printf("case=linear attnd decode rows=%lld h=%lld d=e=%lld bf16 | ms=%.4g | GBps=%.4g\n",
                (long long)R, (long long)H, (long long)d, ms, nbytes / ms / 1e6);
         attnd_tensor *all[] = {&p.q, &p.k, &p.v, &p.out, &p.kv_cache, &p.slopes, &p.slot_idx};
-        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) dev_free(all[j]);
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++)
+            dev_free(all[j]);
     }
 }
 
@@ -490,3 +515,4 @@ int main(int argc, char **argv)
     attnd_backend_close(gpu);
     return 0;
 }
+#endif

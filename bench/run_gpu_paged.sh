@@ -9,9 +9,8 @@
 #   bench/run_gpu_paged.sh --stage build-cudapaged build-cudapaged-dev
 # and on the device (carry build-cudapaged-dev and .anchors):
 #   bench/run_gpu_paged.sh build-cudapaged-dev [steps...]
-# steps: test sanitize bench anchors (default), variants (prefill tilings 1 and 2: reduced-grid
-# correctness + timing), profile (ncu on one decode and one prefill case). Logs go to $OUT (or
-# ./gpu-paged-out).
+# steps: test bench anchors sanitize (default), profile (ncu on $PROFILE_CASES, bench_paged --only
+# keys). Logs go to $OUT (or ./gpu-paged-out).
 set -uo pipefail
 
 if [[ ${1:-} == --stage ]]; then
@@ -54,18 +53,10 @@ for step in $steps; do
     bench)
         timeout 150 "$bin/bench_paged" --sweep 2>&1 | tee "$out/bench.log"
         ;;
-    variants)
-        for v in 1 2; do
-            ATTND_PAGED_PREFILL_VARIANT=$v timeout 100 "$bin/gpu_paged" --reduced > "$out/variant$v.log" 2>&1
-            summary+=("prefill variant $v reduced grid: $(grep '^gpu_paged: [0-9]' "$out/variant$v.log" | tail -1)")
-            ATTND_PAGED_PREFILL_VARIANT=$v timeout 100 "$bin/bench_paged" --only prefill 2>&1 |
-                grep '^prefill' | sed "s/^/variant $v: /" | tee -a "$out/variants.log"
-        done
-        ;;
     profile)
         ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
         secs="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy"
-        for c in decode-bf16-1x32768 decode-fp8_e4m3-64x4096 prefill-1x8192; do
+        for c in ${PROFILE_CASES:-decode-bf16-1x32768 decode-fp8_e4m3-64x4096 prefill-1x8192}; do
             timeout 120 "$ncu" --clock-control none --kernel-name regex:attnd_paged --launch-skip 6 \
                 --launch-count 2 $secs --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
                 "$bin/bench_paged" --only "$c" --quick > "$out/ncu_$c.txt" 2>&1

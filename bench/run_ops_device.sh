@@ -28,13 +28,16 @@ for s in $STEPS; do
   bench)
     echo "== bench_ops"
     timeout 150 $D/bench_ops 2>&1 | tee "$OUT/bench_ops.log" ;;
-  benchvar)
-    # the FA core built with -DATTND_FA_PIPE=0 (no fragment prefetch, 3 CTAs/SM), same cases
-    echo "== bench_ops (ATTND_FA_PIPE=0)"
-    timeout 100 $D/bench_ops_p0 varlen blocksparse 2>&1 | tee "$OUT/bench_ops_p0.log" ;;
+  old)
+    # the previous FA core (one K and one V buffer, 64-key tiles), for comparison in the same call:
+    # gpu_ops_old / bench_ops_old built from the previous varlen_kernel.cuh (one-off, RESULTS.md)
+    echo "== gpu_ops_old (previous FA core)"
+    timeout 200 $D/gpu_ops_old --only varlen >"$OUT/gpu_ops_old.log" 2>&1
+    echo "rc=$?"; grep -E "FAIL|gpu_ops:" "$OUT/gpu_ops_old.log" | head -10
+    timeout 100 $D/bench_ops_old varlen blocksparse 2>&1 | tee "$OUT/bench_ops_old.log" ;;
   anchors)
     echo "== anchors_ops.py"
-    PYTHONUNBUFFERED=1 SEEDS_DIR=.anchors/seeds timeout 300 python3 bench/anchors_ops.py 2>&1 |
+    OUT= PYTHONUNBUFFERED=1 SEEDS_DIR=.anchors/seeds timeout 300 python3 bench/anchors_ops.py 2>&1 |
       grep -v Warning | tee "$OUT/anchors_ops.log" ;;
   sanitize)
     echo "== compute-sanitizer memcheck (gpu_ops --quick)"

@@ -356,10 +356,16 @@ static int is_lost(attnd_client *c)
     return lost;
 }
 
-/* A failed send or receive: a lost connection says so, whatever NNG reported. */
+/* A failed send or receive: a lost connection says so, whatever NNG reported. A reset or
+ * closed connection is lost too (its session with it), even before the pipe callback ran. */
 static attnd_err transport_fail(attnd_client *c, const Attnd__Request *req, const char *stage,
                                 int rv)
 {
+    if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
+        pthread_mutex_lock(&c->mu);
+        c->lost = 1;
+        pthread_mutex_unlock(&c->mu);
+    }
     if (is_lost(c))
         return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE,
                                  "%s: connection to the daemon lost (session %llu is gone)",
@@ -375,6 +381,7 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* What is left of a call's budget (timeout_ms < 0: no limit). */
 static nng_duration remaining(int32_t timeout_ms, int64_t start)
 {
     int64_t left;

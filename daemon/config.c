@@ -166,6 +166,9 @@ static const attnd_cfg_key cfg_keys[] = {
     BOOL("geometry.alibi", geometry.alibi, 0, 0, "ALiBi with the standard slopes"),
     F32("geometry.k_scale", geometry.k_scale, 1e-30, 1e30, 1, 0, "fp8 key scale"),
     F32("geometry.v_scale", geometry.v_scale, 1e-30, 1e30, 1, 0, "fp8 value scale"),
+    F32("geometry.gpu_memory_fraction", geometry.gpu_memory_fraction, 0, 0.98, 0, 0,
+        "cuda: give the kv cache this fraction of the device's free memory (num_blocks follows), "
+        "0 = num_blocks"),
     U32("linear.slots", linear.slots, 0, 65536, 16, NULL, 0, "linear-attention state slots"),
     U32("linear.heads", linear.heads, 0, 1024, 8, NULL, 0, "linear-attention heads"),
     U32("linear.head_dim", linear.head_dim, 0, 256, 64, NULL, 0, "linear-attention head dim"),

@@ -40,11 +40,12 @@ typedef struct attnd_cfg_geometry {
     uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size;
     int cache_dtype; /* attnd_dtype: f16, bf16, fp8_e4m3 */
     uint32_t num_blocks, max_blocks_per_seq;
-    float scale;             /* 0 = 1/sqrt(head_size) */
-    uint32_t sliding_window; /* 0 = off */
-    float softcap;           /* 0 = off */
-    int alibi;               /* standard ALiBi slopes for num_q_heads */
-    float k_scale, v_scale;  /* fp8 cache scales */
+    float scale;               /* 0 = 1/sqrt(head_size) */
+    uint32_t sliding_window;   /* 0 = off */
+    float softcap;             /* 0 = off */
+    int alibi;                 /* standard ALiBi slopes for num_q_heads */
+    float k_scale, v_scale;    /* fp8 cache scales */
+    float gpu_memory_fraction; /* cuda: > 0 sizes num_blocks from free device memory */
 } attnd_cfg_geometry;
 
 typedef struct attnd_cfg_linear {

@@ -23,13 +23,27 @@ struct attnd_exec {
     exec_item *ctl_head, *ctl_tail; /* control events */
 };
 
+/* "auto": cuda when compiled in and a device opens, else cpu; the log says which and why. */
 static attnd_err exec_open_backend(attnd_exec *ex, const char *name, const attnd_backend_opts *opts)
 {
-    if (strcmp(name, "auto") != 0) return attnd_backend_open(&ex->backend, name, opts);
-    if (attnd_backend_available("cuda") &&
-        attnd_backend_open(&ex->backend, "cuda", opts) == ATTND_ERR_OK)
-        return ATTND_ERR_OK;
-    return attnd_backend_open(&ex->backend, "cpu", opts);
+    attnd_err rv;
+    const char *why = "requested";
+    if (strcmp(name, "auto") != 0) {
+        rv = attnd_backend_open(&ex->backend, name, opts);
+    } else if (!attnd_backend_available("cuda")) {
+        why = "auto: built without CUDA";
+        rv = attnd_backend_open(&ex->backend, "cpu", opts);
+    } else if ((rv = attnd_backend_open(&ex->backend, "cuda", opts)) == ATTND_ERR_OK) {
+        why = "auto: a CUDA device opened";
+    } else {
+        why = rv == ATTND_ERR_UNAVAILABLE ? "auto: no CUDA device" : "auto: the CUDA device failed";
+        rv = attnd_backend_open(&ex->backend, "cpu", opts);
+    }
+    if (rv == ATTND_ERR_OK)
+        ATTND_LOG(ex->log, ATTND_LOG_INFO,
+                  "event=backend selected=%s config=%s reason=\"%s\" device=%d",
+                  attnd_backend_name(ex->backend), name, why, opts ? opts->device : 0);
+    return rv;
 }
 
 attnd_err attnd_exec_alloc(attnd_exec **out, const char *backend, const attnd_backend_opts *opts,
@@ -87,6 +101,10 @@ static void *exec_main(void *arg)
     exec_item it;
     ATTND_LOG(ex->log, ATTND_LOG_DEBUG, "event=executor_start backend=%s",
               attnd_backend_name(ex->backend));
+    /* this thread launches every kernel: make the backend's device current here */
+    if (attnd_backend_is_device(ex->backend) && attnd_device_bind(ex->backend) != ATTND_ERR_OK)
+        ATTND_LOG(ex->log, ATTND_LOG_ERROR, "event=executor_bind_failed err=\"%s\"",
+                  attnd_backend_last_error(ex->backend));
     while (exec_take(ex, &it))
         it.fn(it.arg, it.value);
     return NULL;

@@ -89,9 +89,53 @@ fail:
     return rv;
 }
 
+attnd_err attnd_handles_open_ipc(attnd_region *r, attnd_backend *be, uint32_t id,
+                                 const void *handle, size_t handle_len, uint64_t size, char *err,
+                                 size_t n)
+{
+    void *base;
+    uint64_t avail;
+    int32_t dev;
+    attnd_device_info info;
+    memset(r, 0, sizeof *r);
+    r->fd = -1;
+    if (handle_len != ATTND_IPC_HANDLE_BYTES)
+        return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "ipc_handle: %zu bytes, expected %d",
+                     handle_len, ATTND_IPC_HANDLE_BYTES);
+    if (size == 0) return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "size: 0");
+    attnd_err rv = attnd_device_ipc_open(be, handle, &base, &avail, &dev);
+    if (rv != ATTND_ERR_OK)
+        return hfail(err, n, rv, "%s",
+                     rv == ATTND_ERR_UNSUPPORTED ? "kind: CUDA_IPC needs the cuda backend"
+                                                 : attnd_backend_last_error(be));
+    if (attnd_device_query(be, &info) == ATTND_ERR_OK && dev != info.device) {
+        rv = hfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                   "device: the region's memory is on device %d, this daemon runs on device %d",
+                   dev, info.device);
+    } else if (size > avail) {
+        rv = hfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                   "size: %llu exceeds the allocation's %llu bytes", (unsigned long long)size,
+                   (unsigned long long)avail);
+    }
+    if (rv != ATTND_ERR_OK) {
+        attnd_device_ipc_close(be, base);
+        return rv;
+    }
+    r->id = id;
+    r->kind = ATTND__REGION_KIND__CUDA_IPC;
+    r->base = base;
+    r->size = size;
+    r->be = be;
+    snprintf(r->name, sizeof r->name, "cuda-ipc:%p", base);
+    return ATTND_ERR_OK;
+}
+
 void attnd_handles_unmap(attnd_region *r)
 {
-    if (r->base) munmap(r->base, (size_t)r->size);
+    if (r->kind == ATTND__REGION_KIND__CUDA_IPC)
+        attnd_device_ipc_close(r->be, r->base);
+    else if (r->base)
+        munmap(r->base, (size_t)r->size);
     if (r->fd >= 0) close(r->fd);
     r->base = NULL;
     r->fd = -1;
@@ -295,6 +339,26 @@ static attnd_err place_region(attnd_handles_req *hr, const Attnd__TensorRef *ref
     return ATTND_ERR_OK;
 }
 
+static int view_in_host(const attnd_handles_req *hr, uint32_t region)
+{
+    const attnd_region *r = find_region(hr, region);
+    return r != NULL && r->kind == ATTND__REGION_KIND__HOST_SHM;
+}
+
+static attnd_err note_host_view(attnd_handles_req *hr, void *host, uint64_t bytes,
+                                const attnd_tref_spec *sp, char *err, size_t n)
+{
+    if (hr->nhost == ATTND_HANDLES_MAX_HOST)
+        return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "%s: more than %d host tensors", sp->field,
+                     ATTND_HANDLES_MAX_HOST);
+    attnd_host_view *v = &hr->host[hr->nhost++];
+    v->host = host;
+    v->bytes = bytes;
+    v->output = sp->output;
+    v->dev = NULL;
+    return ATTND_ERR_OK;
+}
+
 attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
                                 const attnd_tref_spec *sp, attnd_tensor *t, char *err, size_t n)
 {
@@ -313,6 +377,8 @@ attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *r
         rv = place_inline(hr, ref, sp, bytes, t, err, n);
     else
         rv = place_region(hr, ref, sp, bytes, t, err, n);
+    if (rv == ATTND_ERR_OK && bytes > 0 && (ref->region == 0 || view_in_host(hr, ref->region)))
+        rv = note_host_view(hr, t->data, bytes, sp, err, n);
     /* an empty view still needs a non-NULL pointer: NULL means "absent" to the kernels */
     if (rv == ATTND_ERR_OK && t->data == NULL) t->data = (void *)hr;
     return rv;

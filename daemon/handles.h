@@ -1,5 +1,5 @@
-/* Tensor handles: registered memory regions (POSIX shm mapped once per session) and the
- * resolution of a wire TensorRef into an attnd_tensor.
+/* Tensor handles: registered memory regions (POSIX shm mapped, or CUDA IPC memory opened, once
+ * per session) and the resolution of a wire TensorRef into an attnd_tensor.
  *
  * Every reference is checked before a kernel sees it: dtype, dims and shape against what the
  * op expects, strides, 64-bit overflow of shape x strides x element size, alignment, and that
@@ -17,11 +17,12 @@
 #define ATTND_HANDLES_MAX_OUT 4
 
 typedef struct attnd_region {
-    uint32_t id;   /* client-chosen, > 0 */
-    int kind;      /* Attnd__RegionKind */
-    void *base;    /* mapping */
-    uint64_t size; /* bytes the client registered (<= the object's size) */
-    int fd;        /* kept open to notice an object shrunk under us */
+    uint32_t id;       /* client-chosen, > 0 */
+    int kind;          /* Attnd__RegionKind */
+    void *base;        /* mapping (host memory for HOST_SHM, device memory for CUDA_IPC) */
+    uint64_t size;     /* bytes the client registered (<= the object's or allocation's size) */
+    int fd;            /* HOST_SHM: kept open to notice an object shrunk under us */
+    attnd_backend *be; /* CUDA_IPC: the backend that opened it (and closes it) */
     char name[256];
 } attnd_region;
 
@@ -29,6 +30,13 @@ typedef struct attnd_region {
  * over the object's), NOT_FOUND, PERMISSION_DENIED, NO_MEMORY. */
 attnd_err attnd_handles_map_shm(attnd_region *r, uint32_t id, const char *name, uint64_t size,
                                 char *err, size_t n);
+/* Open a CUDA_IPC region: handle_len must be ATTND_IPC_HANDLE_BYTES, size > 0 and at most the
+ * size of the allocation the handle maps, which must live on be's device. INVALID_ARGUMENT
+ * (naming ipc_handle, size or device), UNSUPPORTED on a backend without CUDA. */
+attnd_err attnd_handles_open_ipc(attnd_region *r, attnd_backend *be, uint32_t id,
+                                 const void *handle, size_t handle_len, uint64_t size, char *err,
+                                 size_t n);
+/* Unmap (HOST_SHM) or close (CUDA_IPC) a region. */
 void attnd_handles_unmap(attnd_region *r);
 
 /* What an op expects of one tensor. */
@@ -41,7 +49,19 @@ typedef struct attnd_tref_spec {
     int optional;                  /* a missing reference gives a tensor with data == NULL */
 } attnd_tref_spec;
 
-/* Per request: the session's regions, the INLINE budget, and the INLINE outputs made. */
+#define ATTND_HANDLES_MAX_HOST 8
+
+/* A resolved view in host memory (INLINE bytes or a HOST_SHM region): a device backend copies
+ * it to device memory before the kernel (attnd_ops_stage_in) and outputs back after. */
+typedef struct attnd_host_view {
+    void *host;     /* the view's first byte (the tensor's data pointer) */
+    uint64_t bytes; /* first to one past the last byte the view can touch */
+    int output;
+    void *dev; /* its staging copy, set by the stager */
+} attnd_host_view;
+
+/* Per request: the session's regions, the INLINE budget, the INLINE outputs made, and the
+ * views that live in host memory. */
 typedef struct attnd_handles_req {
     const attnd_region *regions;
     uint32_t nregions;
@@ -49,6 +69,8 @@ typedef struct attnd_handles_req {
     uint32_t nout;
     void *out[ATTND_HANDLES_MAX_OUT];
     size_t out_bytes[ATTND_HANDLES_MAX_OUT];
+    uint32_t nhost;
+    attnd_host_view host[ATTND_HANDLES_MAX_HOST];
 } attnd_handles_req;
 
 void attnd_handles_req_init(attnd_handles_req *hr, const attnd_region *regions, uint32_t nregions,

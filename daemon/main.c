@@ -132,16 +132,19 @@ static int start_modules(daemon_ctx *d)
         snprintf(err, sizeof err, "backend: cannot open \"%s\": %s", be, attnd_strerror(rv));
         goto fail;
     }
-    if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK ||
-        (rv = attnd_observe_start(d->obs, attnd_backend_name(attnd_exec_backend(d->ex)), err,
-                                  sizeof err)) != ATTND_ERR_OK)
-        goto fail;
+    /* cpu: the planner fills the worker threads; cuda: ops counts the SMs itself */
     int32_t units = d->cfg.threads ? (int32_t)d->cfg.threads : (int32_t)(cores > 0 ? cores : 1);
     rv = attnd_ops_alloc(&d->ops, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
     if (rv != ATTND_ERR_OK) {
         snprintf(err, sizeof err, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
         goto fail;
     }
+    if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK) goto fail;
+    attnd_observe_set_memory(d->obs, d->ops->geo.num_blocks, d->ops->device_name,
+                             d->ops->device_bytes);
+    if ((rv = attnd_observe_start(d->obs, attnd_backend_name(attnd_exec_backend(d->ex)), err,
+                                  sizeof err)) != ATTND_ERR_OK)
+        goto fail;
     d->ops->metrics = attnd_observe_metrics(d->obs);
     d->ops->log_limit = attnd_observe_ratelimit(d->obs);
     if ((rv = attnd_server_alloc(&d->srv, &d->cfg, d->ops, d->ex, &d->log, err, sizeof err)))
@@ -187,7 +190,7 @@ static int run(daemon_ctx *d)
     ATTND_LOG(&d->log, ATTND_LOG_INFO,
               "event=ready version=%s backend=%s layers=%u blocks=%u listen=%s pid=%d",
               ATTND_VERSION_STRING, attnd_backend_name(attnd_exec_backend(d->ex)),
-              d->cfg.geometry.num_layers, d->cfg.geometry.num_blocks, d->cfg.server.listen,
+              d->cfg.geometry.num_layers, d->ops->geo.num_blocks, d->cfg.server.listen,
               (int)getpid());
     attnd_observe_ready(d->obs);
     int lrv = attnd_loop_run(&d->loop);

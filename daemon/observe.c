@@ -26,6 +26,8 @@ struct attnd_observe {
     char listen_json[2 * ATTND_CFG_URL_MAX]; /* JSON-escaped for /status */
     char backend[16];
     attnd_cfg_geometry geo;
+    char device_json[128]; /* JSON-escaped device name, "" for cpu */
+    uint64_t memory_bytes; /* backend memory taken at start */
     atomic_bool draining;
     atomic_uint_fast64_t loop_tick_ns, exec_tick_ns;
     uint64_t watchdog_ns, last_watchdog_ns; /* loop thread only */
@@ -75,6 +77,15 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
                             cfg->geometry.num_blocks);
     *out = obs;
     return ATTND_ERR_OK;
+}
+
+void attnd_observe_set_memory(attnd_observe *obs, uint32_t num_blocks, const char *device,
+                              uint64_t bytes)
+{
+    obs->geo.num_blocks = num_blocks;
+    json_escape(obs->device_json, sizeof(obs->device_json), device ? device : "");
+    obs->memory_bytes = bytes;
+    attnd_metrics_gauge_set(obs->metrics, ATTND_METRICS_GAUGE_BLOCKS_FREE, num_blocks);
 }
 
 attnd_metrics *attnd_observe_metrics(attnd_observe *obs)
@@ -136,13 +147,15 @@ attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, s
         "\"draining\":%s,\"geometry\":{\"num_layers\":%u,\"num_q_heads\":%u,"
         "\"num_kv_heads\":%u,\"head_size\":%u,\"block_size\":%u,\"cache_dtype\":\"%s\","
         "\"num_blocks\":%u,\"max_blocks_per_seq\":%u},"
+        "\"memory\":{\"device\":\"%s\",\"bytes\":%llu},"
         "\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
         "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
         "\"errors\":%llu}\n",
         ATTND_VERSION_STRING, obs->backend, obs->listen_json, attnd_metrics_uptime_s(m),
         atomic_load(&obs->draining) ? "true" : "false", g->num_layers, g->num_q_heads,
         g->num_kv_heads, g->head_size, g->block_size, attnd_dtype_name((attnd_dtype)g->cache_dtype),
-        g->num_blocks, g->max_blocks_per_seq, (long long)g->num_blocks - (long long)free_blocks,
+        g->num_blocks, g->max_blocks_per_seq, obs->device_json,
+        (unsigned long long)obs->memory_bytes, (long long)g->num_blocks - (long long)free_blocks,
         (long long)free_blocks, (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SEQUENCES),
         (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SESSIONS),
         (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_CONNECTIONS),

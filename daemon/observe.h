@@ -36,6 +36,11 @@ typedef struct attnd_observe attnd_observe;
 
 /* Copy what /status shows from cfg (geometry, listen URL), read the notify environment. */
 attnd_err attnd_observe_alloc(attnd_observe **obs, const attnd_config *cfg, attnd_log *lg);
+/* The cache as allocated (num_blocks differs from the file's when geometry.gpu_memory_fraction
+ * sized it), the device ("" for cpu) and the backend memory the daemon took at start; shown by
+ * /status. Call before attnd_observe_start. */
+void attnd_observe_set_memory(attnd_observe *obs, uint32_t num_blocks, const char *device,
+                              uint64_t bytes);
 /* Start the HTTP endpoint if cfg's http.listen is set. On failure err names the key. */
 attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err, size_t n);
 /* Stop the HTTP endpoint, log a final `event=final_stats` line, free. NULL is a no-op. */

@@ -10,6 +10,7 @@
 #include "metrics.h"
 #include "ratelimit.h"
 
+#include "sched.h"
 #include "step.h"
 #include "tensorops.h"
 
@@ -60,7 +61,17 @@ attnd_err attnd_ops_fail(attnd_ops_reply *r, attnd_err code, const char *fmt, ..
 attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code, const char *what)
 {
     const char *m = attnd_backend_last_error(o->be);
-    return attnd_ops_fail(r, code, "%s: %s", what, m && m[0] ? m : attnd_strerror(code));
+    attnd_ops_fail(r, code, "%s: %s", what, m && m[0] ? m : attnd_strerror(code));
+    /* a CUDA error may have left the context (and what the kernels wrote) broken: serve no more
+     * GPU work rather than results that may be wrong */
+    if (code == ATTND_ERR_INTERNAL && attnd_backend_is_device(o->be) && !o->device_failed) {
+        o->device_failed = 1;
+        memcpy(o->device_error, r->msg, sizeof o->device_error);
+        ATTND_LOG(o->log, ATTND_LOG_ERROR,
+                  "event=device_failed err=\"%s\" action=refusing_gpu_work (restart the daemon)",
+                  o->device_error);
+    }
+    return code;
 }
 
 void attnd_ops_take_outputs(attnd_ops_reply *r, attnd_handles_req *hr)
@@ -137,11 +148,73 @@ attnd_err attnd_ops_zero(attnd_ops *o, void *dev, size_t bytes)
         memset(dev, 0, bytes);
         return ATTND_ERR_OK;
     }
+    attnd_err rv = attnd_device_memset(o->be, dev, 0, bytes);
+    if (rv != ATTND_ERR_UNSUPPORTED) return rv;
     void *zeros = calloc(1, bytes ? bytes : 1);
     if (zeros == NULL) return ATTND_ERR_NO_MEMORY;
-    attnd_err rv = attnd_backend_memcpy(o->be, dev, zeros, bytes, ATTND_MEMCPY_H2D);
+    rv = attnd_backend_memcpy(o->be, dev, zeros, bytes, ATTND_MEMCPY_H2D);
     free(zeros);
     return rv;
+}
+
+/* ---------------------------------------------------------------- staging host tensors */
+
+static size_t align256(uint64_t x)
+{
+    return (size_t)((x + 255) & ~(uint64_t)255);
+}
+
+/* The staging buffer holds at least bytes (grown, never shrunk: the host-tensor path is the
+ * slow one, but it need not allocate on every request). */
+static attnd_err stage_reserve(attnd_ops *o, size_t bytes)
+{
+    if (bytes <= o->stage_bytes) return ATTND_ERR_OK;
+    size_t want = bytes > 2 * o->stage_bytes ? bytes : 2 * o->stage_bytes;
+    attnd_backend_free(o->be, o->stage);
+    o->stage = NULL;
+    o->stage_bytes = 0;
+    attnd_err rv = attnd_backend_alloc(o->be, want, &o->stage);
+    if (rv == ATTND_ERR_OK) o->stage_bytes = want;
+    return rv;
+}
+
+attnd_err attnd_ops_stage_in(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr,
+                             attnd_tensor *const *ts, size_t nts)
+{
+    size_t total = 0, off = 0;
+    attnd_err rv;
+    if (!attnd_backend_is_device(o->be) || hr->nhost == 0) return ATTND_ERR_OK;
+    for (uint32_t i = 0; i < hr->nhost; i++)
+        total += align256(hr->host[i].bytes);
+    if ((rv = stage_reserve(o, total)) != ATTND_ERR_OK)
+        return attnd_ops_kernel_fail(o, r, rv, "staging host tensors");
+    for (uint32_t i = 0; i < hr->nhost; i++) {
+        attnd_host_view *v = &hr->host[i];
+        v->dev = (char *)o->stage + off;
+        off += align256(v->bytes);
+        rv = attnd_backend_memcpy(o->be, v->dev, v->host, (size_t)v->bytes, ATTND_MEMCPY_H2D);
+        if (rv != ATTND_ERR_OK) return attnd_ops_kernel_fail(o, r, rv, "staging host tensors");
+    }
+    for (size_t k = 0; k < nts; k++)
+        for (uint32_t i = 0; i < hr->nhost; i++)
+            if (ts[k]->data != NULL && ts[k]->data == hr->host[i].host) {
+                ts[k]->data = hr->host[i].dev;
+                break;
+            }
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_ops_stage_out(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr)
+{
+    if (!attnd_backend_is_device(o->be)) return ATTND_ERR_OK;
+    for (uint32_t i = 0; i < hr->nhost; i++) {
+        attnd_host_view *v = &hr->host[i];
+        if (!v->output || v->dev == NULL) continue;
+        attnd_err rv =
+            attnd_backend_memcpy(o->be, v->host, v->dev, (size_t)v->bytes, ATTND_MEMCPY_D2H);
+        if (rv != ATTND_ERR_OK) return attnd_ops_kernel_fail(o, r, rv, "copying outputs back");
+    }
+    return ATTND_ERR_OK;
 }
 
 size_t attnd_ops_block_bytes(const attnd_ops *o)
@@ -170,6 +243,48 @@ static void alibi_slopes(float *out, uint32_t n)
         out[p + i] = powf(2.0f, -8.0f * (float)(2 * i + 1) / (float)(2 * p));
 }
 
+/* Device backends: the planner fills the SMs, and geometry.gpu_memory_fraction (when set)
+ * sizes the cache from the device's free memory. */
+static attnd_err ops_device_setup(attnd_ops *o)
+{
+    attnd_device_info info;
+    if (!attnd_backend_is_device(o->be)) {
+        if (o->geo.gpu_memory_fraction > 0)
+            ATTND_LOG(o->log, ATTND_LOG_WARN,
+                      "event=config key=geometry.gpu_memory_fraction ignored=cpu_backend "
+                      "num_blocks=%u",
+                      o->geo.num_blocks);
+        return ATTND_ERR_OK;
+    }
+    attnd_err rv = attnd_device_query(o->be, &info);
+    if (rv != ATTND_ERR_OK) return rv;
+    o->units = info.num_sms > 0 ? info.num_sms : 1;
+    snprintf(o->device_name, sizeof o->device_name, "%s", info.name);
+    if (o->geo.gpu_memory_fraction <= 0) return ATTND_ERR_OK;
+    uint64_t per_block = 2ull * o->geo.num_layers * attnd_ops_block_bytes(o);
+    uint64_t blocks = (uint64_t)((double)o->geo.gpu_memory_fraction * (double)info.free_bytes) /
+                      (per_block ? per_block : 1);
+    if (blocks > INT32_MAX) blocks = INT32_MAX;
+    if (blocks < o->geo.max_blocks_per_seq) {
+        ATTND_LOG(o->log, ATTND_LOG_ERROR,
+                  "event=start_failed err=\"geometry.gpu_memory_fraction: %.3f of %llu free bytes "
+                  "gives %llu blocks, fewer than geometry.max_blocks_per_seq (%u)\"",
+                  (double)o->geo.gpu_memory_fraction, (unsigned long long)info.free_bytes,
+                  (unsigned long long)blocks, o->geo.max_blocks_per_seq);
+        return ATTND_ERR_NO_MEMORY;
+    }
+    o->geo.num_blocks = (uint32_t)blocks;
+    return ATTND_ERR_OK;
+}
+
+/* Backend memory that counts towards device_bytes. */
+static attnd_err ops_take(attnd_ops *o, size_t bytes, void **ptr)
+{
+    attnd_err rv = attnd_backend_alloc(o->be, bytes, ptr);
+    if (rv == ATTND_ERR_OK) o->device_bytes += bytes;
+    return rv;
+}
+
 static attnd_err ops_alloc_pools(attnd_ops *o)
 {
     attnd_err rv;
@@ -179,8 +294,8 @@ static attnd_err ops_alloc_pools(attnd_ops *o)
     o->v_cache = calloc(L, sizeof(void *));
     if (o->k_cache == NULL || o->v_cache == NULL) return ATTND_ERR_NO_MEMORY;
     for (uint32_t l = 0; l < L; l++) {
-        if ((rv = attnd_backend_alloc(o->be, kv, &o->k_cache[l])) != ATTND_ERR_OK) return rv;
-        if ((rv = attnd_backend_alloc(o->be, kv, &o->v_cache[l])) != ATTND_ERR_OK) return rv;
+        if ((rv = ops_take(o, kv, &o->k_cache[l])) != ATTND_ERR_OK) return rv;
+        if ((rv = ops_take(o, kv, &o->v_cache[l])) != ATTND_ERR_OK) return rv;
         /* rows past a sequence's length are never read; zero them anyway for clean dumps */
         if ((rv = attnd_ops_zero(o, o->k_cache[l], kv)) != ATTND_ERR_OK) return rv;
         if ((rv = attnd_ops_zero(o, o->v_cache[l], kv)) != ATTND_ERR_OK) return rv;
@@ -190,7 +305,7 @@ static attnd_err ops_alloc_pools(attnd_ops *o)
     o->lin_state = calloc(L, sizeof(void *));
     if (o->lin_state == NULL) return ATTND_ERR_NO_MEMORY;
     for (uint32_t l = 0; l < L; l++) {
-        if ((rv = attnd_backend_alloc(o->be, lin, &o->lin_state[l])) != ATTND_ERR_OK) return rv;
+        if ((rv = ops_take(o, lin, &o->lin_state[l])) != ATTND_ERR_OK) return rv;
         if ((rv = attnd_ops_zero(o, o->lin_state[l], lin)) != ATTND_ERR_OK) return rv;
     }
     return ATTND_ERR_OK;
@@ -215,6 +330,45 @@ done:
     return rv;
 }
 
+#define OPS_INDEX_SLOTS 16
+#define OPS_INDEX_BYTES_MAX ((size_t)256 << 20)
+
+/* The split-KV workspace (every backend) and, on a device backend, the slots that hold open
+ * steps' index arrays (block tables, seq_lens, query_start_loc, slot mapping): allocated once
+ * here, so that neither BeginStep nor Attend allocates device memory. */
+static attnd_err ops_alloc_plan_memory(attnd_ops *o)
+{
+    attnd_err rv;
+    o->split_rows = attnd_sched_split_rows(o->units);
+    o->ws3d_bytes =
+        attnd_paged_3d_workspace_size(o->split_rows, o->geo.num_q_heads, o->geo.head_size, 1);
+    if ((rv = ops_take(o, o->ws3d_bytes, &o->ws3d)) != ATTND_ERR_OK) return rv;
+    if (!attnd_backend_is_device(o->be)) return ATTND_ERR_OK;
+    size_t slot = attnd_sched_index_bound((int32_t)o->limits.max_seqs, o->limits.max_step_tokens,
+                                          (int32_t)o->geo.max_blocks_per_seq);
+    slot = align256(slot);
+    o->index_slots = OPS_INDEX_SLOTS;
+    while (o->index_slots > 2 && (size_t)o->index_slots * slot > OPS_INDEX_BYTES_MAX)
+        o->index_slots /= 2;
+    o->index_slot_bytes = slot;
+    o->index_owner = calloc(o->index_slots, sizeof *o->index_owner);
+    o->index_used = calloc(o->index_slots, sizeof *o->index_used);
+    if (o->index_owner == NULL || o->index_used == NULL) return ATTND_ERR_NO_MEMORY;
+    return ops_take(o, (size_t)o->index_slots * slot, &o->index_dev);
+}
+
+static void ops_log_memory(const attnd_ops *o)
+{
+    ATTND_LOG(o->log, ATTND_LOG_INFO,
+              "event=memory backend=%s device=\"%s\" units=%d num_blocks=%u cache_bytes=%llu "
+              "index_slots=%u index_slot_bytes=%zu split_kv_bytes=%zu total_bytes=%llu",
+              attnd_backend_name(o->be), o->device_name, o->units, o->geo.num_blocks,
+              (unsigned long long)(2ull * o->geo.num_layers * attnd_ops_block_bytes(o) *
+                                   o->geo.num_blocks),
+              o->index_slots, o->index_slot_bytes, o->ws3d_bytes,
+              (unsigned long long)o->device_bytes);
+}
+
 attnd_err attnd_ops_alloc(attnd_ops **out, const attnd_config *cfg, attnd_backend *be,
                           int32_t units, attnd_log *lg)
 {
@@ -233,14 +387,18 @@ attnd_err attnd_ops_alloc(attnd_ops **out, const attnd_config *cfg, attnd_backen
     o->next_step = 1;
     o->start_ms = attnd_ops_now_ms();
     attnd_sessions_init(&o->sessions);
-    rv = attnd_cache_alloc(&o->cache, o->geo.num_blocks, o->geo.block_size,
-                           o->geo.max_blocks_per_seq, o->lin.slots);
+    rv = ops_device_setup(o);
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cache_alloc(&o->cache, o->geo.num_blocks, o->geo.block_size,
+                               o->geo.max_blocks_per_seq, o->lin.slots);
     if (rv == ATTND_ERR_OK) rv = ops_alloc_pools(o);
+    if (rv == ATTND_ERR_OK) rv = ops_alloc_plan_memory(o);
     if (rv == ATTND_ERR_OK && o->geo.alibi) rv = ops_alloc_alibi(o);
     if (rv != ATTND_ERR_OK) {
         attnd_ops_free(o);
         return rv;
     }
+    ops_log_memory(o);
     *out = o;
     return ATTND_ERR_OK;
 }
@@ -263,6 +421,11 @@ void attnd_ops_free(attnd_ops *o)
     free_layers(o, o->v_cache);
     free_layers(o, o->lin_state);
     attnd_backend_free(o->be, o->alibi);
+    attnd_backend_free(o->be, o->ws3d);
+    attnd_backend_free(o->be, o->index_dev);
+    attnd_backend_free(o->be, o->stage);
+    free(o->index_owner);
+    free(o->index_used);
     free(o);
 }
 
@@ -366,16 +529,27 @@ static attnd_err op_register(attnd_ops *o, attnd_session *s, const Attnd__Reques
                              uint32_t pipe, attnd_ops_reply *r)
 {
     const Attnd__RegisterRegion *m = req->register_region;
+    attnd_err rv;
     (void)pipe;
-    if (m->kind == ATTND__REGION_KIND__CUDA_IPC)
+    if (m->kind == ATTND__REGION_KIND__CUDA_IPC && !attnd_backend_is_device(o->be))
         return attnd_ops_fail(r, ATTND_ERR_UNSUPPORTED,
                               "kind: CUDA_IPC needs the cuda backend "
                               "(this daemon runs %s)",
                               attnd_backend_name(o->be));
-    if (m->kind != ATTND__REGION_KIND__HOST_SHM)
+    if (m->kind == ATTND__REGION_KIND__CUDA_IPC) {
+        rv =
+            attnd_session_region_add_ipc(s, m->region, o->be, m->ipc_handle.data, m->ipc_handle.len,
+                                         m->size, o->limits.max_regions, r->msg, sizeof r->msg);
+        if (rv == ATTND_ERR_OK)
+            ATTND_LOG(o->log, ATTND_LOG_DEBUG,
+                      "event=region session=%llu region=%u kind=cuda_ipc bytes=%llu",
+                      (unsigned long long)s->id, m->region, (unsigned long long)m->size);
+    } else if (m->kind == ATTND__REGION_KIND__HOST_SHM) {
+        rv = attnd_session_region_add(s, m->region, m->shm_name ? m->shm_name : "", m->size,
+                                      o->limits.max_regions, r->msg, sizeof r->msg);
+    } else {
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "kind: %d unknown", (int)m->kind);
-    attnd_err rv = attnd_session_region_add(s, m->region, m->shm_name ? m->shm_name : "", m->size,
-                                            o->limits.max_regions, r->msg, sizeof r->msg);
+    }
     return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
 }
 
@@ -605,6 +779,26 @@ static const struct {
     [ATTND__REQUEST__BODY_STATUS - OPS_FIRST_BODY] = {op_status, 0, "status"},
 };
 
+/* Requests that launch kernels or copy device memory (an EndStep that aborts does neither). */
+static int ops_needs_device(const Attnd__Request *req)
+{
+    switch (req->body_case) {
+    case ATTND__REQUEST__BODY_FORK:
+    case ATTND__REQUEST__BODY_BEGIN_STEP:
+    case ATTND__REQUEST__BODY_ATTEND:
+    case ATTND__REQUEST__BODY_MERGE:
+    case ATTND__REQUEST__BODY_VARLEN:
+    case ATTND__REQUEST__BODY_BLOCKSPARSE:
+    case ATTND__REQUEST__BODY_LINEAR_PREFILL:
+    case ATTND__REQUEST__BODY_LINEAR_DECODE:
+        return 1;
+    case ATTND__REQUEST__BODY_END_STEP:
+        return !req->end_step->abort;
+    default:
+        return 0;
+    }
+}
+
 static attnd_err ops_dispatch(attnd_ops *o, const Attnd__Request *req, uint32_t pipe,
                               uint64_t age_ms, attnd_ops_reply *r)
 {
@@ -620,6 +814,11 @@ static attnd_err ops_dispatch(attnd_ops *o, const Attnd__Request *req, uint32_t 
     if (ops_table[bc - OPS_FIRST_BODY].session &&
         (rv = attnd_session_get(&o->sessions, req->session, pipe, &s, r->msg, sizeof r->msg)))
         return (attnd_err)(r->reply.code = (uint32_t)rv);
+    if (o->device_failed && ops_needs_device(req))
+        return attnd_ops_fail(r, ATTND_ERR_INTERNAL,
+                              "device: unusable since an earlier GPU error (%s); restart the "
+                              "daemon",
+                              o->device_error);
     return ops_table[bc - OPS_FIRST_BODY].fn(o, s, req, pipe, r);
 }
 

@@ -49,6 +49,23 @@ typedef struct attnd_ops {
     atomic_uint_fast64_t by_code[ATTND_OPS_NCODES];
     struct attnd_metrics *metrics;     /* kernel time and bytes by kind; NULL = not counted */
     struct attnd_ratelimit *log_limit; /* repeated request errors logged at this rate; NULL = all */
+    /* Memory every step shares, allocated once at start (step.c uses it): */
+    void *ws3d;         /* split-KV workspace of the 3D launches (backend memory) */
+    size_t ws3d_bytes;  /* it holds split_rows rows x segments */
+    int32_t split_rows; /* the planner's bound on a 3D launch's rows x segments */
+    void *index_dev;    /* device backends: [index_slots] slots of a plan's index arrays */
+    size_t index_slot_bytes;
+    uint32_t index_slots;
+    struct attnd_step **index_owner; /* [index_slots] the open step whose arrays a slot holds */
+    uint64_t *index_used;            /* [index_slots] last use, for LRU reuse */
+    uint64_t index_clock;
+    /* Device backends: */
+    void *stage;            /* device copies of host tensors (grows on demand) */
+    size_t stage_bytes;     /* its size */
+    uint64_t device_bytes;  /* device memory taken at start (cache, tables, workspaces) */
+    char device_name[64];   /* "" on the cpu backend */
+    int device_failed;      /* a GPU error left the device unusable: no more kernel work */
+    char device_error[512]; /* what failed */
 } attnd_ops;
 
 /* One reply and the storage its sub-messages point to. */
@@ -97,7 +114,8 @@ void attnd_ops_reply_fini(attnd_ops_reply *r);
 /* Set the reply's code and message; returns code. */
 attnd_err attnd_ops_fail(attnd_ops_reply *r, attnd_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* A kernel's error as a reply: "<what>: <backend message>". */
+/* A kernel's error as a reply: "<what>: <backend message>". On a device backend an INTERNAL
+ * code (a CUDA error) also stops all later kernel work (attnd_ops_handle refuses it). */
 attnd_err attnd_ops_kernel_fail(attnd_ops *o, attnd_ops_reply *r, attnd_err code, const char *what);
 /* Move hr's INLINE outputs into the reply (body outputs), in the order they were resolved. */
 void attnd_ops_take_outputs(attnd_ops_reply *r, attnd_handles_req *hr);
@@ -116,6 +134,14 @@ attnd_err attnd_ops_handles_begin(attnd_ops *o, attnd_session *s, attnd_ops_repl
 attnd_err attnd_ops_upload(attnd_ops *o, const void *host, size_t bytes, void **dev);
 void attnd_ops_release(attnd_ops *o, void *dev, const void *host);
 attnd_err attnd_ops_zero(attnd_ops *o, void *dev, size_t bytes);
+/* Device backends: copy the host views hr noted (INLINE bytes, HOST_SHM regions) to device
+ * memory and point every tensor of ts whose data is such a view at its copy (outputs are
+ * copied too, so that bytes a strided view skips come back unchanged). No-op on host
+ * backends. Call after every content check on host data, right before the kernel. */
+attnd_err attnd_ops_stage_in(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr,
+                             attnd_tensor *const *ts, size_t nts);
+/* After the kernel finished: copy the staged outputs back to their host views. */
+attnd_err attnd_ops_stage_out(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr);
 /* Bytes of one layer's K (or V) block. */
 size_t attnd_ops_block_bytes(const attnd_ops *o);
 /* Bytes of one linear state slot (heads x dim x dim f32). */

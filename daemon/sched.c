@@ -76,6 +76,20 @@ size_t attnd_sched_workspace_size(const attnd_sched_seq *seqs, int32_t num_seqs,
     return plan_layout(&p, num_seqs, tokens, width, count_runs(seqs, num_seqs), NULL);
 }
 
+size_t attnd_sched_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t table_width)
+{
+    attnd_plan p;
+    if (num_seqs < 1) num_seqs = 1;
+    if (table_width < 1) table_width = 1;
+    plan_layout(&p, num_seqs, num_tokens, table_width, num_seqs, NULL);
+    return p.index_bytes;
+}
+
+int32_t attnd_sched_split_rows(int32_t units)
+{
+    return 8 * (units > 0 ? units : 1) + 256;
+}
+
 int32_t attnd_sched_segments(const attnd_sched_opts *o, int32_t nseqs, int32_t max_ctx_blocks)
 {
     int64_t units = o->parallel_units > 0 ? o->parallel_units : 1;
@@ -126,6 +140,8 @@ static void fill_launch(attnd_plan *p, const attnd_sched_seq *seqs, const attnd_
     if (is_decode(&seqs[seq0])) {
         /* a split of one segment is the 2D kernel's work without the merge */
         int32_t segs = attnd_sched_segments(o, l->nseqs, max_blocks);
+        if (o->max_split_rows > 0 && (int64_t)segs * l->nrows > o->max_split_rows)
+            segs = o->max_split_rows / (l->nrows > 0 ? l->nrows : 1);
         if (segs > 1) {
             l->kind = ATTND_LAUNCH_3D;
             l->num_segments = segs;

@@ -25,7 +25,9 @@ typedef struct attnd_sched_seq {
 typedef struct attnd_sched_opts {
     int32_t block_size;
     int32_t num_q_heads, num_kv_heads, head_size;
-    int32_t parallel_units; /* cpu: worker threads; cuda: SMs (x blocks per SM) */
+    int32_t parallel_units; /* cpu: worker threads; cuda: SMs */
+    int32_t max_split_rows; /* a 3D launch's rows x segments stay within it (its workspace);
+                               0 = unbounded */
 } attnd_sched_opts;
 
 typedef enum attnd_launch_kind {
@@ -65,6 +67,13 @@ size_t attnd_sched_workspace_size(const attnd_sched_seq *seqs, int32_t num_seqs,
  * NO_MEMORY when ws is too small. */
 attnd_err attnd_sched_plan(attnd_plan *plan, const attnd_sched_seq *seqs, int32_t num_seqs,
                            const attnd_sched_opts *opts, void *ws, size_t ws_bytes);
+/* Bytes of the index arrays (plan->index_bytes) of any step with at most num_seqs sequences,
+ * num_tokens new tokens and table_width blocks per sequence: what a device slot must hold. */
+size_t attnd_sched_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t table_width);
+/* The rows x segments bound (opts.max_split_rows) the daemon sizes its one split-KV workspace
+ * for, given the parallel units: above anything attnd_sched_segments asks for (a 3D launch has
+ * fewer rows than 2 x units, so rows x segments < 4 x units), so it never binds in practice. */
+int32_t attnd_sched_split_rows(int32_t units);
 /* Segments for a run of decode sequences: about two waves over the parallel units, at least 1,
  * never more than the longest context's blocks (nor 1024). */
 int32_t attnd_sched_segments(const attnd_sched_opts *opts, int32_t nseqs, int32_t max_ctx_blocks);

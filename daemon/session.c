@@ -97,8 +97,9 @@ static attnd_region *region_find(attnd_session *s, uint32_t id)
     return NULL;
 }
 
-attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *shm_name,
-                                   uint64_t size, uint32_t max_regions, char *err, size_t n)
+/* Room for one more region id (the checks every kind shares). */
+static attnd_err region_room(attnd_session *s, uint32_t id, uint32_t max_regions, char *err,
+                             size_t n)
 {
     if (id == 0) return sfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "region: 0 is reserved (INLINE)");
     if (region_find(s, id))
@@ -113,7 +114,27 @@ attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *sh
         s->regions = r;
         s->cap = cap;
     }
-    attnd_err rv = attnd_handles_map_shm(&s->regions[s->nregions], id, shm_name, size, err, n);
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *shm_name,
+                                   uint64_t size, uint32_t max_regions, char *err, size_t n)
+{
+    attnd_err rv = region_room(s, id, max_regions, err, n);
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_handles_map_shm(&s->regions[s->nregions], id, shm_name, size, err, n);
+    if (rv == ATTND_ERR_OK) s->nregions++;
+    return rv;
+}
+
+attnd_err attnd_session_region_add_ipc(attnd_session *s, uint32_t id, attnd_backend *be,
+                                       const void *handle, size_t handle_len, uint64_t size,
+                                       uint32_t max_regions, char *err, size_t n)
+{
+    attnd_err rv = region_room(s, id, max_regions, err, n);
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_handles_open_ipc(&s->regions[s->nregions], be, id, handle, handle_len, size, err,
+                                    n);
     if (rv == ATTND_ERR_OK) s->nregions++;
     return rv;
 }

@@ -2,9 +2,9 @@
  * regions; the cache keys its sequences by the session id, so no other session can name them.
  * A request naming a session from another connection is PERMISSION_DENIED.
  *
- * When the connection drops the session's regions are unmapped at once and the session is
- * kept (holding its sequences) until the reclaim timeout; the caller then releases them.
- * Executor thread only. */
+ * When the connection drops the session's regions are unmapped (CUDA IPC ones closed) at once and
+ * the session is kept (holding its sequences) until the reclaim timeout; the caller then releases
+ * them. Executor thread only. */
 #ifndef ATTND_DAEMON_SESSION_H
 #define ATTND_DAEMON_SESSION_H
 
@@ -51,6 +51,11 @@ void attnd_session_close(attnd_sessions *ss, attnd_session *s);
  * max_regions), and attnd_handles_map_shm's codes. */
 attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *shm_name,
                                    uint64_t size, uint32_t max_regions, char *err, size_t n);
+/* Register a CUDA_IPC region (opened once here, closed when it is unregistered or the
+ * connection drops): the checks above and attnd_handles_open_ipc's. */
+attnd_err attnd_session_region_add_ipc(attnd_session *s, uint32_t id, attnd_backend *be,
+                                       const void *handle, size_t handle_len, uint64_t size,
+                                       uint32_t max_regions, char *err, size_t n);
 /* NOT_FOUND when the id is not registered. */
 attnd_err attnd_session_region_remove(attnd_session *s, uint32_t id, char *err, size_t n);
 

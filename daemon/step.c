@@ -16,15 +16,16 @@ typedef struct attnd_step {
     void *ws; /* host plan workspace */
     attnd_plan plan;
     void *dev_index;  /* the plan's index arrays where the backend reads them */
-    void *ws3d;       /* backend workspace of the 3D launches */
+    int32_t slot;     /* device backends: the index slot (ops) holding them, -1 none */
+    void *dev_own;    /* device backends: their own copy when too large for a slot */
     uint8_t *written; /* [num_layers]: an Attend wrote this layer's K/V */
     struct attnd_step *next;
 } attnd_step;
 
 static void step_destroy(attnd_ops *o, attnd_step *st)
 {
-    attnd_ops_release(o, st->dev_index, st->ws);
-    attnd_backend_free(o->be, st->ws3d);
+    if (st->slot >= 0 && o->index_owner[st->slot] == st) o->index_owner[st->slot] = NULL;
+    attnd_backend_free(o->be, st->dev_own);
     free(st->ws);
     free(st->written);
     free(st->seqs);
@@ -158,10 +159,61 @@ static attnd_err begin_reserve(attnd_ops *o, const Attnd__BeginStep *m, attnd_st
     return ATTND_ERR_OK;
 }
 
+/* A slot for st's index arrays: a free one, else the least recently used (its step uploads
+ * again when it next runs). */
+static int32_t index_slot_pick(attnd_ops *o)
+{
+    int32_t best = 0;
+    for (uint32_t i = 0; i < o->index_slots; i++) {
+        if (o->index_owner[i] == NULL) return (int32_t)i;
+        if (o->index_used[i] < o->index_used[best]) best = (int32_t)i;
+    }
+    return best;
+}
+
+/* Make st's index arrays readable by the backend: host backends read the plan in place; device
+ * backends keep them in a slot uploaded at BeginStep (once per step, not per layer) and upload
+ * again only when more steps are open than there are slots and st's slot was reused. */
+static attnd_err step_index(attnd_ops *o, attnd_step *st)
+{
+    size_t bytes = st->plan.index_bytes;
+    attnd_err rv;
+    if (!attnd_backend_is_device(o->be)) {
+        st->dev_index = st->ws;
+        return ATTND_ERR_OK;
+    }
+    if (st->dev_own != NULL) return ATTND_ERR_OK;
+    if (st->slot >= 0 && o->index_owner[st->slot] == st) {
+        o->index_used[st->slot] = ++o->index_clock;
+        return ATTND_ERR_OK;
+    }
+    if (o->index_slots == 0 || bytes > o->index_slot_bytes) {
+        /* limits raised by a reload past what the slots were sized for */
+        if ((rv = attnd_backend_alloc(o->be, bytes, &st->dev_own)) != ATTND_ERR_OK) return rv;
+        st->dev_index = st->dev_own;
+        return attnd_backend_memcpy(o->be, st->dev_own, st->ws, bytes, ATTND_MEMCPY_H2D);
+    }
+    int32_t slot = index_slot_pick(o);
+    void *dst = (char *)o->index_dev + (size_t)slot * o->index_slot_bytes;
+    if (o->index_owner[slot] != NULL) o->index_owner[slot]->slot = -1;
+    o->index_owner[slot] = NULL;
+    if ((rv = attnd_backend_memcpy(o->be, dst, st->ws, bytes, ATTND_MEMCPY_H2D)) != ATTND_ERR_OK)
+        return rv;
+    o->index_owner[slot] = st;
+    o->index_used[slot] = ++o->index_clock;
+    st->slot = slot;
+    st->dev_index = dst;
+    return ATTND_ERR_OK;
+}
+
 static attnd_err begin_plan(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
 {
-    attnd_sched_opts so = {(int32_t)o->geo.block_size, (int32_t)o->geo.num_q_heads,
-                           (int32_t)o->geo.num_kv_heads, (int32_t)o->geo.head_size, o->units};
+    attnd_sched_opts so = {(int32_t)o->geo.block_size,
+                           (int32_t)o->geo.num_q_heads,
+                           (int32_t)o->geo.num_kv_heads,
+                           (int32_t)o->geo.head_size,
+                           o->units,
+                           o->split_rows};
     attnd_sched_seq *in = calloc(st->nseqs, sizeof *in);
     attnd_err rv = ATTND_ERR_NO_MEMORY;
     if (in == NULL) goto done;
@@ -172,8 +224,16 @@ static attnd_err begin_plan(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
     size_t bytes = attnd_sched_workspace_size(in, (int32_t)st->nseqs, &so);
     if (bytes == 0 || (st->ws = malloc(bytes)) == NULL) goto done;
     if ((rv = attnd_sched_plan(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes))) goto done;
-    if ((rv = attnd_ops_upload(o, st->ws, st->plan.index_bytes, &st->dev_index))) goto done;
-    if (st->plan.workspace_3d) rv = attnd_backend_alloc(o->be, st->plan.workspace_3d, &st->ws3d);
+    if (st->plan.workspace_3d > o->ws3d_bytes) {
+        free(in);
+        return attnd_ops_fail(r, ATTND_ERR_INTERNAL,
+                              "step: the plan needs %zu bytes of split-KV workspace, %zu exist",
+                              st->plan.workspace_3d, o->ws3d_bytes);
+    }
+    if ((rv = step_index(o, st)) != ATTND_ERR_OK) {
+        free(in);
+        return attnd_ops_kernel_fail(o, r, rv, "step: uploading block tables");
+    }
 done:
     free(in);
     return rv == ATTND_ERR_OK
@@ -222,6 +282,7 @@ attnd_err attnd_step_begin(attnd_ops *o, attnd_session *s, const Attnd__BeginSte
     }
     st->id = o->next_step;
     st->owner = s->id;
+    st->slot = -1;
     if ((rv = begin_validate(o, s, m, st->id, st, r)) == ATTND_ERR_OK &&
         (rv = begin_reserve(o, m, st, r)) == ATTND_ERR_OK &&
         (rv = begin_plan(o, st, r)) == ATTND_ERR_OK)
@@ -377,7 +438,7 @@ static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const 
         attnd_paged_params p;
         launch_params(o, st, layer, l, io, &p);
         if (l->kind == ATTND_LAUNCH_3D)
-            rv = attnd_paged_attention_3d(o->be, &p, l->num_segments, st->ws3d);
+            rv = attnd_paged_attention_3d(o->be, &p, l->num_segments, o->ws3d);
         else
             rv = attnd_paged_attention_2d(o->be, &p);
         if (rv != ATTND_ERR_OK)
@@ -396,6 +457,13 @@ static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const 
     return ATTND_ERR_OK;
 }
 
+static attnd_err attend_index(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
+{
+    attnd_err rv = step_index(o, st);
+    return rv == ATTND_ERR_OK ? rv
+                              : attnd_ops_kernel_fail(o, r, rv, "step: uploading block tables");
+}
+
 attnd_err attnd_step_attend(attnd_ops *o, attnd_session *s, const Attnd__Attend *m,
                             attnd_ops_reply *r)
 {
@@ -410,9 +478,13 @@ attnd_err attnd_step_attend(attnd_ops *o, attnd_session *s, const Attnd__Attend 
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "layer: %u out of range (%u layers)",
                               m->layer, o->geo.num_layers);
     const Attnd__TensorRef *refs[] = {m->q, m->k_new, m->v_new, m->out, m->out_lse};
+    attnd_tensor *const staged[] = {&io.q, &io.k, &io.v, &io.out, &io.lse};
     if ((rv = attnd_ops_handles_begin(o, s, r, &hr, refs, 5)) != ATTND_ERR_OK) return rv;
     if ((rv = attend_resolve(o, st, m, &hr, &io, r)) == ATTND_ERR_OK &&
-        (rv = attend_run(o, st, m->layer, &io, r)) == ATTND_ERR_OK)
+        (rv = attend_index(o, st, r)) == ATTND_ERR_OK &&
+        (rv = attnd_ops_stage_in(o, r, &hr, staged, 5)) == ATTND_ERR_OK &&
+        (rv = attend_run(o, st, m->layer, &io, r)) == ATTND_ERR_OK &&
+        (rv = attnd_ops_stage_out(o, r, &hr)) == ATTND_ERR_OK)
         attnd_ops_take_outputs(r, &hr);
     attnd_handles_req_fini(&hr);
     return rv;
@@ -460,7 +532,8 @@ attnd_err attnd_step_end(attnd_ops *o, attnd_session *s, const Attnd__EndStep *m
     if (st == NULL)
         return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "step: %llu not open in this session",
                               (unsigned long long)m->step);
-    attnd_err rv = m->abort ? ATTND_ERR_OK : clear_unwritten(o, st, r);
+    attnd_err rv = m->abort ? ATTND_ERR_OK : attend_index(o, st, r);
+    if (rv == ATTND_ERR_OK && !m->abort) rv = clear_unwritten(o, st, r);
     step_finish(o, st, !m->abort && rv == ATTND_ERR_OK);
     s->nsteps--;
     return rv;

@@ -13,6 +13,7 @@ static attnd_err finish(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr,
                         const char *what)
 {
     if (rv == ATTND_ERR_OK) rv = attnd_backend_sync(o->be);
+    if (rv == ATTND_ERR_OK) rv = attnd_ops_stage_out(o, r, hr);
     if (rv == ATTND_ERR_OK)
         attnd_ops_take_outputs(r, hr);
     else if (r->reply.code == ATTND_ERR_OK)
@@ -107,7 +108,10 @@ attnd_err attnd_tensorops_merge(attnd_ops *o, attnd_session *s, const Attnd__Mer
         (rv = attnd_ops_resolve(r, &hr, m->out, &so, &p.out)) ||
         (rv = attnd_ops_resolve(r, &hr, m->out_lse, &sol, &p.out_lse)))
         goto done;
-    rv = attnd_merge_states(o->be, &p);
+    attnd_tensor *const staged[] = {&p.out,        &p.out_lse,    &p.prefix_out,
+                                    &p.prefix_lse, &p.suffix_out, &p.suffix_lse};
+    if ((rv = attnd_ops_stage_in(o, r, &hr, staged, 6)) == ATTND_ERR_OK)
+        rv = attnd_merge_states(o->be, &p);
 done:
     return finish(o, r, &hr, rv, "merge_states");
 }
@@ -175,7 +179,10 @@ attnd_err attnd_tensorops_varlen(attnd_ops *o, attnd_session *s, const Attnd__Va
     p.v_scale = or_default(m->v_scale, 1.0f);
     p.p_scale = or_default(m->p_scale, 1.0f);
     p.out_scale = or_default(m->out_scale, 1.0f);
-    rv = attnd_varlen_attention(o->be, &p);
+    attnd_tensor *const staged[] = {&p.q,   &p.k, &p.v, &p.out, &p.cu_seqlens_q, &p.cu_seqlens_k,
+                                    &p.bias};
+    if ((rv = attnd_ops_stage_in(o, r, &hr, staged, 7)) == ATTND_ERR_OK)
+        rv = attnd_varlen_attention(o->be, &p);
 done:
     return finish(o, r, &hr, rv, "varlen_attention");
 }
@@ -269,7 +276,10 @@ attnd_err attnd_tensorops_blocksparse(attnd_ops *o, attnd_session *s,
     p.q = io.q, p.k = io.k, p.v = io.v, p.out = io.out;
     p.cu_seqlens_q = io.cu_q, p.cu_seqlens_k = io.cu_k;
     p.scale = or_default(m->scale, 1.0f / sqrtf((float)io.q.shape[2]));
-    rv = attnd_blocksparse_attention(o->be, &p);
+    attnd_tensor *const staged[] = {
+        &p.q, &p.k, &p.v, &p.out, &p.cu_seqlens_q, &p.cu_seqlens_k, &p.layout_crow, &p.layout_col};
+    if ((rv = attnd_ops_stage_in(o, r, &hr, staged, 8)) == ATTND_ERR_OK)
+        rv = attnd_blocksparse_attention(o->be, &p);
 done:
     return finish(o, r, &hr, rv, "blocksparse_attention");
 }
@@ -417,7 +427,9 @@ attnd_err attnd_tensorops_linear_prefill(attnd_ops *o, attnd_session *s,
     if ((rv = attnd_ops_upload(o, m->slopes, (size_t)H * sizeof(float), &dev))) goto done;
     p.slopes = slopes_tensor(o, m->slopes, dev);
     p.block_size = m->block_size;
-    rv = linear_prefill_rows(o, m, &p, slots);
+    attnd_tensor *const staged[] = {&p.q, &p.k, &p.v, &p.out};
+    if ((rv = attnd_ops_stage_in(o, r, &hr, staged, 4)) == ATTND_ERR_OK)
+        rv = linear_prefill_rows(o, m, &p, slots);
 done:
     attnd_ops_release(o, dev, m->slopes);
     free(slots);
@@ -457,7 +469,9 @@ attnd_err attnd_tensorops_linear_decode(attnd_ops *o, attnd_session *s,
     p.slopes = slopes_tensor(o, m->slopes, dev_slopes);
     attnd_tensor_init(&p.kv_cache, o->lin_state[m->layer], ATTND_DTYPE_F32, 4, cs);
     attnd_tensor_init(&p.slot_idx, dev_slots, ATTND_DTYPE_I64, 1, bs);
-    rv = attnd_linear_decode(o->be, &p);
+    attnd_tensor *const staged[] = {&p.q, &p.k, &p.v, &p.out};
+    if ((rv = attnd_ops_stage_in(o, r, &hr, staged, 4)) == ATTND_ERR_OK)
+        rv = attnd_linear_decode(o->be, &p);
 done:
     attnd_ops_release(o, dev_slopes, m->slopes);
     attnd_ops_release(o, dev_slots, slots);

@@ -10,7 +10,7 @@
 
 #define BS 16
 
-static const attnd_sched_opts opts8 = {BS, 8, 2, 64, 8}; /* 8 parallel units */
+static const attnd_sched_opts opts8 = {BS, 8, 2, 64, 8, 0}; /* 8 parallel units */
 
 static void *plan_for(attnd_plan *p, const attnd_sched_seq *s, int32_t n, const attnd_sched_opts *o)
 {
@@ -75,6 +75,29 @@ Test(sched, decodes_go_to_3d_with_segments_that_fill_the_machine, .timeout = 60)
     cr_assert_eq(p.launches[0].num_segments, 8);
     cr_assert_eq(p.slot_mapping[0], 63 * BS + BS - 1);
     cr_assert_eq(p.workspace_3d, attnd_paged_3d_workspace_size(1, 8, 64, 8));
+    free(ws);
+    free(blocks);
+}
+
+Test(sched, split_rows_bound_the_segments, .timeout = 60)
+{
+    /* as above (8 segments wanted) with a workspace for 5 rows x segments: 5; with 1, 2D */
+    int32_t *blocks = calloc(64, sizeof *blocks);
+    for (int i = 0; i < 64; i++)
+        blocks[i] = i;
+    attnd_sched_seq s = {64 * BS - 1, 1, blocks, 64};
+    attnd_sched_opts o = opts8;
+    attnd_plan p;
+    o.max_split_rows = 5;
+    void *ws = plan_for(&p, &s, 1, &o);
+    cr_assert_eq(p.launches[0].kind, ATTND_LAUNCH_3D);
+    cr_assert_eq(p.launches[0].num_segments, 5);
+    cr_assert_eq(p.workspace_3d, attnd_paged_3d_workspace_size(1, 8, 64, 5));
+    free(ws);
+    o.max_split_rows = 1;
+    ws = plan_for(&p, &s, 1, &o);
+    cr_assert_eq(p.launches[0].kind, ATTND_LAUNCH_2D);
+    cr_assert_eq(p.workspace_3d, 0);
     free(ws);
     free(blocks);
 }

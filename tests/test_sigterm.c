@@ -19,7 +19,7 @@
 
 #define CONFIG                                                                                     \
     "{\"backend\": \"cpu\", \"threads\": 2,"                                                       \
-    " \"server\": {\"listen\": \"@URL@\", \"drain_timeout_ms\": 20000},"                           \
+    " \"server\": {\"listen\": \"@URL@\", \"drain_timeout_ms\": 60000},"                           \
     " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
     " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 1024,"     \
     " \"max_blocks_per_seq\": 256},"                                                               \
@@ -27,7 +27,9 @@
 
 #define NCLIENTS 4      /* background load; client 0 also sends the long request */
 #define CHUNK 64        /* new tokens per step: a few ms of attention each */
-#define LONG_CHUNK 4096 /* client 0's first step: a long prefill, in flight at the signal */
+#define LONG_MIN 1024   /* client 0's first step: a long prefill, in flight at the signal, */
+#define LONG_MAX 4096   /* sized from the daemon's speed (see long_chunk) */
+#define LONG_TARGET 0.3 /* seconds the long request should take, at least */
 #define MAX_LEN 1024    /* then a sequence is replaced by a fresh one */
 #define MAX_REQS 4096
 #define ACCEPT_MARGIN 0.02 /* a request sent this long before the signal surely arrived */
@@ -36,6 +38,7 @@ typedef struct req_rec {
     double t0, t1;
     attnd_err rv;
     int remote; /* the error came from the daemon */
+    int attend; /* an Attend of a CHUNK step */
 } req_rec;
 
 typedef struct loader {
@@ -67,8 +70,8 @@ static attnd_err rec(loader *l, double t0, attnd_err rv)
 {
     int i = atomic_load(&l->nrecs);
     if (i < MAX_REQS) {
-        l->recs[i] =
-            (req_rec){t0, now_s(), rv, rv != ATTND_ERR_OK && attnd_client_last_error_remote(l->c)};
+        l->recs[i] = (req_rec){t0, now_s(), rv,
+                               rv != ATTND_ERR_OK && attnd_client_last_error_remote(l->c), 0};
         atomic_store(&l->nrecs, i + 1);
     }
     return rv;
@@ -102,11 +105,10 @@ static attnd_err one_step(loader *l, uint64_t seq, uint32_t chunk, float *dout, 
     for (uint32_t layer = 0; layer < l->m.g.num_layers; layer++) {
         attnd_e2e_io_fill(&io, &l->r, 1.0);
         t0 = now_s();
-        if (chunk == LONG_CHUNK && layer == 0) atomic_store(&l->long_sent, 1);
-        rv = rec(
-            l, t0,
-            attnd_client_attend(l->c, st.id, layer, &io.rq, &io.rk, &io.rv, &io.rout, &io.rlse));
-        if (rv != ATTND_ERR_OK) return rv;
+        if (chunk > CHUNK && layer == 0) atomic_store(&l->long_sent, 1);
+        rv = attnd_client_attend(l->c, st.id, layer, &io.rq, &io.rk, &io.rv, &io.rout, &io.rlse);
+        if (rec(l, t0, rv) != ATTND_ERR_OK) return rv;
+        if (chunk == CHUNK) l->recs[atomic_load(&l->nrecs) - 1].attend = 1;
         check_layer(l, &io, layer, dout, dlse);
     }
     t0 = now_s();
@@ -146,7 +148,7 @@ static void loader_start(loader *l, const attnd_daemon_proc *d, uint64_t seed, u
     memset(l, 0, sizeof *l);
     l->d = d;
     l->first_chunk = first;
-    l->max_len = first > MAX_LEN ? (int32_t)first : MAX_LEN;
+    l->max_len = first > MAX_LEN ? LONG_MAX : MAX_LEN;
     cr_assert_not_null(l->c = attnd_daemon_connect(d, 20000));
     const attnd_geometry *g = &attnd_client_server(l->c)->geometry;
     cr_assert_eq(attnd_mirror_init(&l->m, g, NULL, l->max_len), 0);
@@ -157,6 +159,24 @@ static void loader_start(loader *l, const attnd_daemon_proc *d, uint64_t seed, u
     cr_assert_eq(attnd_mirror_create(&l->m, 1), 0);
     attnd_rng_seed(&l->r, seed);
     cr_assert_eq(pthread_create(&l->thread, NULL, load_loop, l), 0);
+}
+
+/* Tokens of the long prefill: at least LONG_TARGET seconds of daemon work. The fastest CHUNK
+ * Attend the loaders saw (CHUNK rows over a context of about MAX_LEN / 2: the least queueing)
+ * measures the daemon; causal attention of n rows costs n^2 / 2 row-keys against its
+ * CHUNK * MAX_LEN / 2. Slow builds (sanitizers) get short requests, fast machines long ones. */
+static uint32_t long_chunk(const loader *ls)
+{
+    double fastest = 1e9, n;
+    for (int i = 1; i < NCLIENTS; i++)
+        for (int k = 0; k < atomic_load(&ls[i].nrecs); k++)
+            if (ls[i].recs[k].attend && ls[i].recs[k].t1 - ls[i].recs[k].t0 < fastest)
+                fastest = ls[i].recs[k].t1 - ls[i].recs[k].t0;
+    n = sqrt(LONG_TARGET / fastest * CHUNK * MAX_LEN);
+    n = n < LONG_MIN ? LONG_MIN : n > LONG_MAX ? LONG_MAX : n;
+    fprintf(stderr, "sigterm: fastest Attend %.2f ms, long prefill of %d tokens\n", fastest * 1e3,
+            (int)n / 256 * 256);
+    return (uint32_t)n / 256 * 256;
 }
 
 /* After the signal at t_sig: the loader's requests against the rules. Returns how many were in
@@ -210,7 +230,7 @@ Test(sigterm, accepted_requests_are_answered_before_exit, .timeout = 120)
             nanosleep(&nap, NULL);
     for (int i = 1; i < NCLIENTS; i++)
         cr_assert_geq(atomic_load(&ls[i].nrecs), 8);
-    loader_start(&ls[0], &d, 41, LONG_CHUNK);
+    loader_start(&ls[0], &d, 41, long_chunk(ls));
     for (int k = 0; k < 4000 && !atomic_load(&ls[0].long_sent); k++)
         nanosleep(&nap, NULL);
     cr_assert(atomic_load(&ls[0].long_sent));
@@ -218,9 +238,12 @@ Test(sigterm, accepted_requests_are_answered_before_exit, .timeout = 120)
     nanosleep(&nap, NULL);
     t_sig = now_s();
     cr_assert_eq(attnd_daemon_signal(&d, SIGTERM), 0);
-    rc = attnd_daemon_wait(&d, 30000);
+    rc = attnd_daemon_wait(&d, 90000);
+    double drain = now_s() - t_sig;
     if (rc != 0) attnd_daemon_dump_log(&d);
     cr_assert_eq(rc, 0, "daemon exit status %d after SIGTERM", rc);
+    cr_assert_lt(drain, 50.0, "the drain took %.1f s: it timed out (60 s) instead of finishing",
+                 drain);
     for (int i = 0; i < NCLIENTS; i++)
         pthread_join(ls[i].thread, NULL);
     for (int i = 0; i < NCLIENTS; i++)

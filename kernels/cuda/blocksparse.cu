@@ -31,7 +31,8 @@ static attnd_err bs_launch(attnd_backend *b, const attnd_fa_kparams &k, dim3 gri
 static int ilog2(int v)
 {
     int l = 0;
-    while ((1 << (l + 1)) <= v) l++;
+    while ((1 << (l + 1)) <= v)
+        l++;
     return l;
 }
 
@@ -68,6 +69,7 @@ extern "C" attnd_err attnd_cuda_blocksparse(attnd_backend *b, const attnd_blocks
         return attnd_cuda_check_launch(b, "attnd_bs_decode_kernel");
     }
     const int big = k.d > 128;
-    if (p->q.dtype == ATTND_DTYPE_F16) return big ? bs_launch<256, 0>(b, k, grid) : bs_launch<128, 0>(b, k, grid);
+    if (p->q.dtype == ATTND_DTYPE_F16)
+        return big ? bs_launch<256, 0>(b, k, grid) : bs_launch<128, 0>(b, k, grid);
     return big ? bs_launch<256, 1>(b, k, grid) : bs_launch<128, 1>(b, k, grid);
 }

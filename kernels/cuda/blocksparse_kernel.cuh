@@ -28,7 +28,8 @@ template <bool BF> static __device__ __forceinline__ void attnd_unpack8(const ui
 }
 
 template <int KIND>
-__global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(const attnd_fa_kparams p)
+__global__ void __launch_bounds__(ATTND_BSD_THREADS)
+    attnd_bs_decode_kernel(const attnd_fa_kparams p)
 {
     constexpr bool BF = KIND == 1;
     __shared__ __align__(16) float qs[ATTND_HEAD_SIZE_MAX];
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(cons
     const int d = p.d, nch = d >> 3; // 8-column chunks per row (d is a multiple of 8)
     const int hk = h / p.group;
     const int64_t qrow = (int64_t)q_start * p.q_sr + (int64_t)h * p.q_sh;
-    for (int i = tid; i < d; i += ATTND_BSD_THREADS) qs[i] = attnd_ld_elem(p.q, KIND == 1 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16, qrow + i);
+    for (int i = tid; i < d; i += ATTND_BSD_THREADS)
+        qs[i] = attnd_ld_elem(p.q, KIND == 1 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16, qrow + i);
 
     // the query's layout row (position Lk - 1); past the layout or no keys: sees nothing
     int c_begin = 0, nvirt = 0;
@@ -67,13 +69,15 @@ __global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(cons
     const int grp = lane / LPR, cl = lane % LPR, KG = 32 / LPR;
     float m = -INFINITY, l = 0.0f, o[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = 0.0f;
+    for (int i = 0; i < 8; i++)
+        o[i] = 0.0f;
 
     for (int base = warp * 32; base < nvirt; base += ATTND_BSD_THREADS) {
         const int vk = base + lane;
         int key = -1;
         if (vk < nvirt) {
-            const int blk = __ldg(p.col + h * p.col_sh + (int64_t)(c_begin + (vk >> p.bs_log2)) * p.col_sm);
+            const int blk =
+                __ldg(p.col + h * p.col_sh + (int64_t)(c_begin + (vk >> p.bs_log2)) * p.col_sm);
             const int kp = (blk << p.bs_log2) + (vk & ((1 << p.bs_log2) - 1));
             if (blk >= 0 && kp < Lk) key = kp;
         }
@@ -116,8 +120,9 @@ __global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(cons
         l = l * alpha + attnd_warp_sum(pj);
         m = mx;
 #pragma unroll
-        for (int i = 0; i < 8; i++) o[i] *= alpha;
-        // P.V: key j of the chunk goes to lane group j % KG
+        for (int i = 0; i < 8; i++)
+            o[i] *= alpha;
+            // P.V: key j of the chunk goes to lane group j % KG
 #pragma unroll 4
         for (int j0 = 0; j0 < 32; j0 += KG) {
             const int src = j0 + grp;
@@ -128,25 +133,29 @@ __global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(cons
                 float f[8];
                 attnd_unpack8<BF>(w, f);
 #pragma unroll
-                for (int i = 0; i < 8; i++) o[i] = fmaf(pw, f[i], o[i]);
+                for (int i = 0; i < 8; i++)
+                    o[i] = fmaf(pw, f[i], o[i]);
             }
         }
     }
     // lane groups -> lanes 0..LPR-1, then the four warps
     for (int off = LPR; off < 32; off <<= 1)
 #pragma unroll
-        for (int i = 0; i < 8; i++) o[i] += __shfl_xor_sync(0xffffffffu, o[i], off);
+        for (int i = 0; i < 8; i++)
+            o[i] += __shfl_xor_sync(0xffffffffu, o[i], off);
     if (lane == 0) {
         red_m[warp] = m;
         red_l[warp] = l;
     }
     if (grp == 0 && cl < nch)
 #pragma unroll
-        for (int i = 0; i < 8; i++) red_o[warp][cl * 8 + i] = o[i];
+        for (int i = 0; i < 8; i++)
+            red_o[warp][cl * 8 + i] = o[i];
     __syncthreads();
     float mall = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < ATTND_BSD_THREADS / 32; w++) mall = fmaxf(mall, red_m[w]);
+    for (int w = 0; w < ATTND_BSD_THREADS / 32; w++)
+        mall = fmaxf(mall, red_m[w]);
     const float mu = attnd_softmax_safe_max(mall);
     float fw[ATTND_BSD_THREADS / 32], lall = 0.0f;
 #pragma unroll
@@ -159,7 +168,8 @@ __global__ void __launch_bounds__(ATTND_BSD_THREADS) attnd_bs_decode_kernel(cons
     for (int c = tid; c < d; c += ATTND_BSD_THREADS) {
         float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ATTND_BSD_THREADS / 32; w++) acc = fmaf(fw[w], red_o[w][c], acc);
+        for (int w = 0; w < ATTND_BSD_THREADS / 32; w++)
+            acc = fmaf(fw[w], red_o[w][c], acc);
         attnd_st_elem(p.out, p.out_dt, orow + c, acc * inv);
     }
 }

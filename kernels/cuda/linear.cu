@@ -42,12 +42,13 @@ static void lin_common(attnd_lin_kparams *k, const attnd_tensor *q, const attnd_
     k->e = (int32_t)v->shape[nd - 1];
     k->in_dt = q->dtype;
     k->out_dt = out->dtype;
-    k->o_pairs = attnd_aligned(out, attnd_dtype_size(out->dtype), 2 * attnd_dtype_size(out->dtype),
-                               nd - 1);
+    k->o_pairs =
+        attnd_aligned(out, attnd_dtype_size(out->dtype), 2 * attnd_dtype_size(out->dtype), nd - 1);
 }
 
 template <int D_PAD, bool BF>
-static attnd_err lin_launch_mma(attnd_backend *b, attnd_lin_kparams &k, int64_t batch, int64_t heads)
+static attnd_err lin_launch_mma(attnd_backend *b, attnd_lin_kparams &k, int64_t batch,
+                                int64_t heads)
 {
     typedef attnd_lin_traits<D_PAD> Tr;
     void (*kern)(const attnd_lin_kparams) = attnd_lin_prefill_mma_kernel<D_PAD, BF>;
@@ -62,7 +63,8 @@ static attnd_err lin_launch_mma(attnd_backend *b, attnd_lin_kparams &k, int64_t 
 }
 
 template <int RPT>
-static attnd_err lin_launch_plain(attnd_backend *b, attnd_lin_kparams &k, int64_t batch, int64_t heads)
+static attnd_err lin_launch_plain(attnd_backend *b, attnd_lin_kparams &k, int64_t batch,
+                                  int64_t heads)
 {
     void (*kern)(const attnd_lin_kparams) = attnd_lin_prefill_plain_kernel<RPT>;
     const size_t smem = (size_t)(2 * ATTND_LIN_ST * k.d + 5 * ATTND_LIN_ST * 32) * sizeof(float);
@@ -73,26 +75,30 @@ static attnd_err lin_launch_plain(attnd_backend *b, attnd_lin_kparams &k, int64_
     return attnd_cuda_check_launch(b, "attnd_lin_prefill_plain_kernel");
 }
 
-extern "C" attnd_err attnd_cuda_linear_prefill(attnd_backend *b, const attnd_linear_prefill_params *p)
+extern "C" attnd_err attnd_cuda_linear_prefill(attnd_backend *b,
+                                               const attnd_linear_prefill_params *p)
 {
     attnd_lin_kparams k;
     lin_common(&k, &p->q, &p->k, &p->v, &p->out, &p->slopes, &p->kv_state, 4);
     const int64_t batch = p->q.shape[0], heads = p->q.shape[1], n = p->q.shape[2];
     if (batch == 0 || heads == 0 || n == 0) return ATTND_ERR_OK;
     if (batch > 65535 || heads > 65535 || n > INT32_MAX)
-        return attnd_fail_unsupported(b, "linear prefill: more than 65535 rows or heads, or 2^31 tokens");
+        return attnd_fail_unsupported(
+            b, "linear prefill: more than 65535 rows or heads, or 2^31 tokens");
     k.n = (int32_t)n;
     const int half = p->q.dtype == ATTND_DTYPE_F16 || p->q.dtype == ATTND_DTYPE_BF16;
     const int aligned = attnd_aligned(&p->q, 2, 16, 3) && attnd_aligned(&p->k, 2, 16, 3) &&
                         attnd_aligned(&p->v, 2, 16, 3);
     if (half && aligned) {
         const int bf = p->q.dtype == ATTND_DTYPE_BF16;
-        if (k.d <= 128) return bf ? lin_launch_mma<128, true>(b, k, batch, heads)
-                                  : lin_launch_mma<128, false>(b, k, batch, heads);
+        if (k.d <= 128)
+            return bf ? lin_launch_mma<128, true>(b, k, batch, heads)
+                      : lin_launch_mma<128, false>(b, k, batch, heads);
         return bf ? lin_launch_mma<256, true>(b, k, batch, heads)
                   : lin_launch_mma<256, false>(b, k, batch, heads);
     }
-    return k.d <= 128 ? lin_launch_plain<32>(b, k, batch, heads) : lin_launch_plain<64>(b, k, batch, heads);
+    return k.d <= 128 ? lin_launch_plain<32>(b, k, batch, heads)
+                      : lin_launch_plain<64>(b, k, batch, heads);
 }
 
 extern "C" attnd_err attnd_cuda_linear_decode(attnd_backend *b, const attnd_linear_decode_params *p)

@@ -49,11 +49,11 @@ template <int D_PAD> struct attnd_lin_traits {
     static_assert(D_PAD == 128 || D_PAD == 256, "padded head sizes: 128, 256");
     enum {
         C = ATTND_LIN_CHUNK,
-        ES = 8192 / D_PAD,             // state columns per CTA at most: 64 (128) or 32 (256)
-        WD = D_PAD / 8,                // 16-byte chunks per q/k row
-        WE = ES / 8,                   // 16-byte chunks per v row and per state row
-        MT = D_PAD / 64,               // 16-row state tiles per warp (warp owns D_PAD/4 rows)
-        NE = ES / 8,                   // n8 tiles over the slice
+        ES = 8192 / D_PAD, // state columns per CTA at most: 64 (128) or 32 (256)
+        WD = D_PAD / 8,    // 16-byte chunks per q/k row
+        WE = ES / 8,       // 16-byte chunks per v row and per state row
+        MT = D_PAD / 64,   // 16-row state tiles per warp (warp owns D_PAD/4 rows)
+        NE = ES / 8,       // n8 tiles over the slice
         QK_BYTES = C * D_PAD * 2,
         V_BYTES = C * ES * 2,
         S_BYTES = D_PAD * ES * 2,
@@ -62,7 +62,8 @@ template <int D_PAD> struct attnd_lin_traits {
 };
 
 template <int D_PAD, bool BF>
-__global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kernel(const attnd_lin_kparams p)
+__global__ void __launch_bounds__(ATTND_LIN_THREADS)
+    attnd_lin_prefill_mma_kernel(const attnd_lin_kparams p)
 {
     typedef attnd_lin_traits<D_PAD> Tr;
     constexpr int C = Tr::C, WD = Tr::WD, WE = Tr::WE, MT = Tr::MT, NE = Tr::NE;
@@ -80,11 +81,12 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
     const int e0 = blockIdx.x * p.e_slice;
     const int ew = min(p.e_slice, p.e - e0); // this CTA's columns (a multiple of 8)
     const int n = p.n, d = p.d;
-    const int dch = ((d + 15) >> 4) * 2;     // q/k chunks loaded (zeros past d)
-    const int ech = ((ew + 15) >> 4) * 2;    // v chunks loaded (zeros past ew)
+    const int dch = ((d + 15) >> 4) * 2;  // q/k chunks loaded (zeros past d)
+    const int ech = ((ew + 15) >> 4) * 2; // v chunks loaded (zeros past ew)
 
     const float slope = p.slopes[h * p.slope_st];
-    for (int i = tid; i <= C; i += ATTND_LIN_THREADS) pw[i] = (float)exp(-(double)slope * i);
+    for (int i = tid; i <= C; i += ATTND_LIN_THREADS)
+        pw[i] = (float)exp(-(double)slope * i);
 
     const char *qb = (const char *)p.q + (bidx * p.q_sb + h * p.q_sh) * 2;
     const char *kb = (const char *)p.k + (bidx * p.k_sb + h * p.k_sh) * 2;
@@ -100,15 +102,18 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
             if (ch >= dch) continue;
             const bool ok = t0 + r < n && ch * 8 < d;
             const int64_t tok = ok ? t0 + r : 0;
-            attnd_cp_async16(sQ + attnd_swz_w<WD>(r, ch), qb + (tok * p.q_sn + ch * 8) * 2, ok ? 16 : 0);
-            attnd_cp_async16(sK + attnd_swz_w<WD>(r, ch), kb + (tok * p.k_sn + ch * 8) * 2, ok ? 16 : 0);
+            attnd_cp_async16(sQ + attnd_swz_w<WD>(r, ch), qb + (tok * p.q_sn + ch * 8) * 2,
+                             ok ? 16 : 0);
+            attnd_cp_async16(sK + attnd_swz_w<WD>(r, ch), kb + (tok * p.k_sn + ch * 8) * 2,
+                             ok ? 16 : 0);
         }
         for (int i = tid; i < C * WE; i += ATTND_LIN_THREADS) {
             const int r = i / WE, ch = i % WE;
             if (ch >= ech) continue;
             const bool ok = t0 + r < n && ch * 8 < ew;
             const int64_t tok = ok ? t0 + r : 0;
-            attnd_cp_async16(sV + attnd_swz_w<WE>(r, ch), vb + (tok * p.v_sn + ch * 8) * 2, ok ? 16 : 0);
+            attnd_cp_async16(sV + attnd_swz_w<WE>(r, ch), vb + (tok * p.v_sn + ch * 8) * 2,
+                             ok ? 16 : 0);
         }
     };
 
@@ -159,9 +164,11 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
         // O = Q S0 and A = Q K^T (warp w: chunk rows 16w..16w+15, key tiles <= w)
         float o[NE][4], s[8][4];
 #pragma unroll
-        for (int i = 0; i < NE; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        for (int i = 0; i < NE; i++)
+            o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D_PAD / 16; kk++) {
             if (kk * 16 >= d) continue;
@@ -171,8 +178,10 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
             for (int np = 0; np < NE / 2; np++) {
                 if (np * 16 >= ew) continue;
                 uint32_t bb[4];
-                attnd_ldsm_x4_trans(sS + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                        2 * np + (lane >> 4)), bb);
+                attnd_ldsm_x4_trans(
+                    sS + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                         2 * np + (lane >> 4)),
+                    bb);
                 attnd_mma16816<BF>(o[2 * np], a, bb[0], bb[1]);
                 attnd_mma16816<BF>(o[2 * np + 1], a, bb[2], bb[3]);
             }
@@ -181,7 +190,8 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
                 if (np > warp) continue;
                 uint32_t bb[4];
                 attnd_ldsm_x4(sK + attnd_swz_w<WD>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                      2 * kk + ((lane >> 3) & 1)), bb);
+                                                   2 * kk + ((lane >> 3) & 1)),
+                              bb);
                 attnd_mma16816<BF>(s[2 * np], a, bb[0], bb[1]);
                 attnd_mma16816<BF>(s[2 * np + 1], a, bb[2], bb[3]);
             }
@@ -221,8 +231,10 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
             for (int np = 0; np < NE / 2; np++) {
                 if (np * 16 >= ew) continue;
                 uint32_t bb[4];
-                attnd_ldsm_x4_trans(sV + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                        2 * np + (lane >> 4)), bb);
+                attnd_ldsm_x4_trans(
+                    sV + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                         2 * np + (lane >> 4)),
+                    bb);
                 attnd_mma16816<BF>(o[2 * np], pf[kk], bb[0], bb[1]);
                 attnd_mma16816<BF>(o[2 * np + 1], pf[kk], bb[2], bb[3]);
             }
@@ -236,7 +248,8 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
             for (int hf = 0; hf < 2; hf++) {
                 const int i = hf ? iB : iA;
                 if (i >= len) continue;
-                const int64_t off = bidx * p.o_sb + h * p.o_sh + (int64_t)(c * C + i) * p.o_sn + e0 + col;
+                const int64_t off =
+                    bidx * p.o_sb + h * p.o_sh + (int64_t)(c * C + i) * p.o_sn + e0 + col;
                 if (p.o_pairs) {
                     attnd_st2_elem(p.out, p.out_dt, off, o[nt][2 * hf], o[nt][2 * hf + 1]);
                 } else {
@@ -253,7 +266,8 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
 #pragma unroll
                 for (int nt = 0; nt < NE; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) st[mt][nt][e] *= f;
+                    for (int e = 0; e < 4; e++)
+                        st[mt][nt][e] *= f;
         }
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -267,15 +281,18 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
 #pragma unroll
             for (int np = 0; np < NE / 2; np++)
                 if (np * 16 < ew)
-                    attnd_ldsm_x4_trans(sV + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                                 2 * np + (lane >> 4)), vb4[np]);
+                    attnd_ldsm_x4_trans(
+                        sV + attnd_swz_w<WE>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                             2 * np + (lane >> 4)),
+                        vb4[np]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int r0 = warp * (D_PAD / 4) + mt * 16;
                 if (r0 >= d) continue;
                 uint32_t a[4];
                 attnd_ldsm_x4_trans(sK + attnd_swz_w<WD>(kk * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                       (r0 >> 3) + ((lane >> 3) & 1)), a);
+                                                         (r0 >> 3) + ((lane >> 3) & 1)),
+                                    a);
                 float2 x;
                 x = attnd_unpack2<BF>(a[0]);
                 a[0] = attnd_pack2<BF>(x.x * k00, x.y * k01);
@@ -317,14 +334,15 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_mma_kerne
 // head, batch); lane = column, warp w = rows w, w+4, ...; tokens staged LIN_ST at a time.
 #define ATTND_LIN_ST 32
 template <int RPT>
-__global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_plain_kernel(const attnd_lin_kparams p)
+__global__ void __launch_bounds__(ATTND_LIN_THREADS)
+    attnd_lin_prefill_plain_kernel(const attnd_lin_kparams p)
 {
     extern __shared__ __align__(16) float attnd_lin_fsmem[];
     const int d = p.d, e = p.e, n = p.n;
-    float *qs = attnd_lin_fsmem;            // [ST][d]
-    float *ks = qs + ATTND_LIN_ST * d;      // [ST][d]
-    float *vs = ks + ATTND_LIN_ST * d;      // [ST][32]
-    float *red = vs + ATTND_LIN_ST * 32;    // [4][ST][32]
+    float *qs = attnd_lin_fsmem;         // [ST][d]
+    float *ks = qs + ATTND_LIN_ST * d;   // [ST][d]
+    float *vs = ks + ATTND_LIN_ST * d;   // [ST][32]
+    float *red = vs + ATTND_LIN_ST * 32; // [4][ST][32]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int bidx = blockIdx.z, h = blockIdx.y, col = blockIdx.x * 32 + lane;
     const bool col_ok = col < e;
@@ -366,8 +384,9 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_plain_ker
         __syncthreads();
         for (int i = tid; i < len * 32; i += ATTND_LIN_THREADS) {
             const int t = i >> 5, l = i & 31, c = blockIdx.x * 32 + l;
-            const float o = red[(0 * ATTND_LIN_ST + t) * 32 + l] + red[(1 * ATTND_LIN_ST + t) * 32 + l] +
-                            red[(2 * ATTND_LIN_ST + t) * 32 + l] + red[(3 * ATTND_LIN_ST + t) * 32 + l];
+            const float o =
+                red[(0 * ATTND_LIN_ST + t) * 32 + l] + red[(1 * ATTND_LIN_ST + t) * 32 + l] +
+                red[(2 * ATTND_LIN_ST + t) * 32 + l] + red[(3 * ATTND_LIN_ST + t) * 32 + l];
             if (c < e) attnd_st_elem(p.out, p.out_dt, oo + (int64_t)(t0 + t) * p.o_sn + c, o);
         }
         __syncthreads();
@@ -381,7 +400,8 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_prefill_plain_ker
 
 // Decode: CTA = (head, batch row). VEC = 4: 16-byte state accesses (aligned rows), else 1.
 template <int VEC>
-__global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_decode_kernel(const attnd_lin_kparams p)
+__global__ void __launch_bounds__(ATTND_LIN_THREADS)
+    attnd_lin_decode_kernel(const attnd_lin_kparams p)
 {
     __shared__ float qs[ATTND_HEAD_SIZE_MAX], ks[ATTND_HEAD_SIZE_MAX], vs[ATTND_HEAD_SIZE_MAX];
     __shared__ float red[ATTND_LIN_THREADS * VEC];
@@ -394,7 +414,8 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_decode_kernel(con
                              : (int64_t)((const int32_t *)p.slot_idx)[bidx * p.slot_st];
     const int64_t oo = bidx * p.o_sb + h * p.o_sh;
     if (slot < 0) { // padding row: zeros, cache untouched
-        for (int c = tid; c < e; c += ATTND_LIN_THREADS) attnd_st_elem(p.out, p.out_dt, oo + c, 0.0f);
+        for (int c = tid; c < e; c += ATTND_LIN_THREADS)
+            attnd_st_elem(p.out, p.out_dt, oo + c, 0.0f);
         return;
     }
 #pragma unroll 1
@@ -403,12 +424,13 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_decode_kernel(con
         ks[i] = attnd_ld_elem(p.k, p.in_dt, bidx * p.k_sb + h * p.k_sh + i);
     }
 #pragma unroll 1
-    for (int i = tid; i < e; i += ATTND_LIN_THREADS) vs[i] = attnd_ld_elem(p.v, p.in_dt, bidx * p.v_sb + h * p.v_sh + i);
+    for (int i = tid; i < e; i += ATTND_LIN_THREADS)
+        vs[i] = attnd_ld_elem(p.v, p.in_dt, bidx * p.v_sb + h * p.v_sh + i);
     if (tid == 0) lam_s = (float)exp(-(double)p.slopes[h * p.slope_st]); // accurate: it compounds
     float *state = p.state + slot * p.st_s0 + h * p.st_sh;
     __syncthreads();
     const float lam = lam_s;
-    const int ncol = e / VEC;                                   // vectors per state row
+    const int ncol = e / VEC; // vectors per state row
     const int ncol_t = ncol < ATTND_LIN_THREADS ? ncol : ATTND_LIN_THREADS;
     const int nty = ATTND_LIN_THREADS / ncol_t;
     const int tx = tid % ncol_t, ty = tid / ncol_t;
@@ -417,11 +439,13 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_decode_kernel(con
         const bool active = ty < nty && cv < ncol;
         float part[VEC];
 #pragma unroll
-        for (int u = 0; u < VEC; u++) part[u] = 0.0f;
+        for (int u = 0; u < VEC; u++)
+            part[u] = 0.0f;
         if (active) {
             float vv[VEC];
 #pragma unroll
-            for (int u = 0; u < VEC; u++) vv[u] = vs[cv * VEC + u];
+            for (int u = 0; u < VEC; u++)
+                vv[u] = vs[cv * VEC + u];
             for (int i = ty; i < d; i += nty) {
                 float *row = state + (int64_t)i * p.st_sd + cv * VEC;
                 float x[VEC];
@@ -447,13 +471,15 @@ __global__ void __launch_bounds__(ATTND_LIN_THREADS) attnd_lin_decode_kernel(con
             }
         }
 #pragma unroll
-        for (int u = 0; u < VEC; u++) red[tid * VEC + u] = part[u];
+        for (int u = 0; u < VEC; u++)
+            red[tid * VEC + u] = part[u];
         __syncthreads();
         if (ty == 0 && cv < ncol) {
 #pragma unroll
             for (int u = 0; u < VEC; u++) {
                 float acc = 0.0f;
-                for (int y = 0; y < nty; y++) acc += red[(y * ncol_t + tx) * VEC + u];
+                for (int y = 0; y < nty; y++)
+                    acc += red[(y * ncol_t + tx) * VEC + u];
                 attnd_st_elem(p.out, p.out_dt, oo + cv * VEC + u, acc);
             }
         }

@@ -62,9 +62,15 @@ extern "C" attnd_err attnd_cuda_merge_states(attnd_backend *b, const attnd_merge
         k.vecs_per_row = k.head_size / vec;
         const int64_t total = elems / vec;
         switch (o->dtype) {
-        case ATTND_DTYPE_F32: merge_launch_vec<float>(k, c->stream, total); break;
-        case ATTND_DTYPE_F16: merge_launch_vec<__half>(k, c->stream, total); break;
-        default: merge_launch_vec<__nv_bfloat16>(k, c->stream, total); break;
+        case ATTND_DTYPE_F32:
+            merge_launch_vec<float>(k, c->stream, total);
+            break;
+        case ATTND_DTYPE_F16:
+            merge_launch_vec<__half>(k, c->stream, total);
+            break;
+        default:
+            merge_launch_vec<__nv_bfloat16>(k, c->stream, total);
+            break;
         }
         return attnd_cuda_check_launch(b, "attnd_merge_vec_kernel");
     }

@@ -58,15 +58,18 @@ template <typename H, bool B> struct attnd_vec16 { // 8 halves per 16 bytes
                           attnd_pack2<B>(f[4], f[5]), attnd_pack2<B>(f[6], f[7]));
     }
 };
-template <> struct attnd_vec8<__half> : attnd_vec16<__half, false> {};
-template <> struct attnd_vec8<__nv_bfloat16> : attnd_vec16<__nv_bfloat16, true> {};
+template <> struct attnd_vec8<__half> : attnd_vec16<__half, false> {
+};
+template <> struct attnd_vec8<__nv_bfloat16> : attnd_vec16<__nv_bfloat16, true> {
+};
 
 // All three rows of dtype T, 16-byte aligned: one 16-byte vector per thread and side.
 template <typename T>
 __global__ void __launch_bounds__(256) attnd_merge_vec_kernel(const attnd_merge_kparams p)
 {
     typedef attnd_vec8<T> V;
-    const uint32_t total = (uint32_t)p.num_tokens * (uint32_t)p.num_heads * (uint32_t)p.vecs_per_row;
+    const uint32_t total =
+        (uint32_t)p.num_tokens * (uint32_t)p.num_heads * (uint32_t)p.vecs_per_row;
     const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
     const uint32_t c = idx % (uint32_t)p.vecs_per_row, row = idx / (uint32_t)p.vecs_per_row;
@@ -78,8 +81,10 @@ __global__ void __launch_bounds__(256) attnd_merge_vec_kernel(const attnd_merge_
     const float lse = attnd_lse_merge2(pl, sl, &wp, &ws);
     const int64_t col = (int64_t)c * V::N;
     uint4 up = make_uint4(0, 0, 0, 0), us = make_uint4(0, 0, 0, 0);
-    if (wp != 0.0f) up = __ldcs((const uint4 *)((const T *)p.p_out + tok * p.p_st + h * p.p_sh + col));
-    if (ws != 0.0f) us = __ldcs((const uint4 *)((const T *)p.s_out + tok * p.s_st + h * p.s_sh + col));
+    if (wp != 0.0f)
+        up = __ldcs((const uint4 *)((const T *)p.p_out + tok * p.p_st + h * p.p_sh + col));
+    if (ws != 0.0f)
+        us = __ldcs((const uint4 *)((const T *)p.s_out + tok * p.s_st + h * p.s_sh + col));
     float a[V::N], b[V::N], o[V::N];
     V::load(a, up);
     V::load(b, us);
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(256) attnd_merge_any_kernel(const attnd_merge_
     const int64_t h = row % p.num_heads, tok = row / p.num_heads;
     float wp, ws;
     const float lse = attnd_lse_merge2(p.p_lse[h * p.pl_sh + tok * p.pl_st],
-                                          p.s_lse[h * p.sl_sh + tok * p.sl_st], &wp, &ws);
+                                       p.s_lse[h * p.sl_sh + tok * p.sl_st], &wp, &ws);
     float o = 0.0f;
     if (wp != 0.0f) o = wp * attnd_ld_elem(p.p_out, p.p_dt, tok * p.p_st + h * p.p_sh + c);
     if (ws != 0.0f) o = fmaf(ws, attnd_ld_elem(p.s_out, p.s_dt, tok * p.s_st + h * p.s_sh + c), o);

@@ -40,11 +40,16 @@ static __device__ __forceinline__ void attnd_mma16816(float c[4], const uint32_t
 }
 
 // Two consecutive elements i, i+1 of a float buffer of dtype dt (the pair is aligned).
-static __device__ __forceinline__ void attnd_st2_elem(void *base, int dt, int64_t i, float a, float b)
+static __device__ __forceinline__ void attnd_st2_elem(void *base, int dt, int64_t i, float a,
+                                                      float b)
 {
     switch (dt) {
-    case ATTND_DTYPE_F32: *(float2 *)((float *)base + i) = make_float2(a, b); break;
-    case ATTND_DTYPE_F16: *(uint32_t *)((__half *)base + i) = attnd_tc<__half>::pack(a, b); break;
+    case ATTND_DTYPE_F32:
+        *(float2 *)((float *)base + i) = make_float2(a, b);
+        break;
+    case ATTND_DTYPE_F16:
+        *(uint32_t *)((__half *)base + i) = attnd_tc<__half>::pack(a, b);
+        break;
     case ATTND_DTYPE_BF16:
         *(uint32_t *)((__nv_bfloat16 *)base + i) = attnd_tc<__nv_bfloat16>::pack(a, b);
         break;
@@ -52,7 +57,8 @@ static __device__ __forceinline__ void attnd_st2_elem(void *base, int dt, int64_
         *(uint16_t *)((uint8_t *)base + i) =
             (uint16_t)(attnd_float_to_fp8(a) | ((uint16_t)attnd_float_to_fp8(b) << 8));
         break;
-    default: break;
+    default:
+        break;
     }
 }
 

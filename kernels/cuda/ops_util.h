@@ -38,10 +38,9 @@ static inline attnd_err attnd_smem_opt_in(attnd_backend *b, K kernel, size_t byt
         return attnd_fail_unsupported(b, "%s needs %zu bytes of shared memory (device has %d)",
                                       name, bytes, attnd_cuda_of(b)->max_smem_optin);
     if (bytes <= 48 * 1024) return ATTND_ERR_OK;
-    return attnd_cuda_check(b,
-                            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)bytes),
-                            name);
+    return attnd_cuda_check(
+        b, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+        name);
 }
 #endif
 

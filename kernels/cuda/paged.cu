@@ -8,7 +8,6 @@
 // segment when every sequence's packed rows (query_len * group) fit in 16, else the prefill
 // tiles (128 packed rows; 64 for head sizes above 128).
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_backend.h"
@@ -155,18 +154,6 @@ static int device_has_pdl(int device)
     return cc[device] >= 9;
 }
 
-// ATTND_PAGED_PREFILL_VARIANT=1|2 picks an alternative prefill tiling for head 128 / bf16 (for
-// the measurements in bench/RESULTS.md); unset or 0: the default.
-static int prefill_variant(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("ATTND_PAGED_PREFILL_VARIANT");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
-}
-
 static attnd_err launch_status(attnd_backend *b, cudaError_t e, const char *what)
 {
     if (e == cudaErrorInvalidConfiguration) {
@@ -194,7 +181,7 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
                                    c->stream);
     else
         e = attnd_paged_run_prefill(a, d_pad, kv, T, p->max_query_len, c->device, c->max_smem_optin,
-                                    c->stream, prefill_variant());
+                                    c->stream);
     return launch_status(b, e, "paged_attention_2d");
 }
 

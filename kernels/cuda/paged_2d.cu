@@ -11,15 +11,8 @@ size_t attnd_paged_smem_prefill(int d_pad, int kv)
 
 cudaError_t attnd_paged_run_prefill(const attnd_paged_args &a, int d_pad, int kv,
                                     int64_t num_tokens, int max_query_len, int device, int max_smem,
-                                    cudaStream_t st, int variant)
+                                    cudaStream_t st)
 {
-    // alternative tilings of the benchmark shape, for measurements (RESULTS.md)
-    if (d_pad == 128 && kv == ATTND_KV_BF16 && variant == 1)
-        return attnd_paged_launch<attnd_paged_traits<128, ATTND_KV_BF16, false, 1>>(
-            a, num_tokens, max_query_len, device, max_smem, st);
-    if (d_pad == 128 && kv == ATTND_KV_BF16 && variant == 2)
-        return attnd_paged_launch<attnd_paged_traits<128, ATTND_KV_BF16, false, 2>>(
-            a, num_tokens, max_query_len, device, max_smem, st);
     ATTND_SWITCH_CFG(
         d_pad, kv,
         return attnd_paged_launch<Tr>(a, num_tokens, max_query_len, device, max_smem, st))

@@ -6,9 +6,11 @@
 // A CTA owns BLOCK_M consecutive packed rows of one sequence and one kv head (and, for 3D, one
 // segment of the context), so every K/V tile it loads serves all q heads of the group.
 //
-// Warps. Prefill: WARPS_M warps split the rows (16 each) and share each K/V tile. Decode:
-// BLOCK_M = 16 rows, WARPS_N warps split each K/V tile's tokens (16 each), keep their own
-// softmax state, and are merged through shared memory at the end.
+// Warps. Prefill: 4 warps split 128 rows (32 each: two m16 tiles share every K/V fragment; head
+// sizes above 128: 64 rows, 16 each), share each K/V tile, and store their rows from registers.
+// Decode: BLOCK_M = 16 rows, 4 warps split each K/V tile's tokens (16 each), keep their own
+// softmax state, and are merged through shared memory at the end. Head sizes are padded to 64,
+// 128 or 256: the padding is zero-filled (no memory traffic) and computed as zeros.
 //
 // Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
 // with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
@@ -75,7 +77,8 @@ template <typename A, typename B> struct attnd_select<false, A, B> {
     typedef B type;
 };
 
-// VAR selects an alternative prefill tiling (experiments; 0 is the production one):
+// VAR selects a prefill tiling; only 0 is instantiated (1 and 2 measured slower on an H100, see
+// bench/RESULTS.md):
 //   0: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment), 2 CTAs per SM
 //   1: 8 warps x 16 rows, 1 CTA per SM          2: 4 warps x 16 rows (BLOCK_M 64), 2 CTAs per SM
 template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_traits {
@@ -121,7 +124,7 @@ template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_tr
     static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
     static constexpr int MAIN_BYTES = CONV_OFF + CONV_BYTES;
     static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
-    static constexpr int EPI_BYTES = WARPS_N > 1 ? WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4 : 0;
+    static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
     static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -151,25 +154,64 @@ __device__ __forceinline__ void attnd_pdl_wait(void)
 #endif
 }
 
-// fp8 rows [r0, r0 + nrows) of a raw tile (rows of ROW_RAW bytes) -> f16 rows (swizzled, ROW16
-// bytes) of dst, by nthreads threads starting at thread index i0.
-template <class Tr>
-__device__ __forceinline__ void attnd_fp8_tile_to_f16(const unsigned char *raw, unsigned char *dst,
-                                                      int r0, int nrows, int i0, int nthreads)
+// fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (rows of ROW_RAW bytes) -> f16 rows
+// (swizzled, ROW16 bytes) of dk and dv, by NTHREADS threads (this one is i0). Up to MAXB 16-byte
+// chunks per batch are loaded before any is converted, so their shared-memory latencies overlap
+// (decode: 8). MAXB 0: one chunk at a time in a rolled loop (prefill, whose two m-tiles of O
+// accumulators leave no registers for more).
+template <class Tr, int NROWS, int NTHREADS, int MAXB>
+__device__ __forceinline__ void attnd_fp8_tiles_to_f16(const unsigned char *rk,
+                                                       const unsigned char *rv, unsigned char *dk,
+                                                       unsigned char *dv, int r0, int i0)
 {
-    constexpr int CPR = Tr::CPR;
-    for (int c = i0; c < nrows * CPR; c += nthreads) {
-        const int r = r0 + c / CPR, ch = c % CPR;
-        uint4 w4 = *(const uint4 *)(raw + r * Tr::ROW_RAW + ch * 16);
-        uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-        uint32_t h[8];
+    constexpr int CPR = Tr::CPR, PER = NROWS * CPR; // chunks per matrix
+    if (MAXB == 0) {
+#pragma unroll 1
+        for (int c = i0; c < 2 * PER; c += NTHREADS) {
+            const int which = c >= PER, cc = which ? c - PER : c;
+            const int r = r0 + cc / CPR, ch = cc % CPR;
+            const uint4 w4 = *(const uint4 *)((which ? rv : rk) + r * Tr::ROW_RAW + ch * 16);
+            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+            uint32_t h[8];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
-            h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+            for (int k = 0; k < 4; k++) {
+                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+            }
+            unsigned char *d = which ? dv : dk;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
+                make_uint4(h[4], h[5], h[6], h[7]);
         }
-        *(uint4 *)(dst + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *(uint4 *)(dst + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) = make_uint4(h[4], h[5], h[6], h[7]);
+        return;
+    }
+    constexpr int ITER = 2 * PER / NTHREADS, BATCH = MAXB < 1 ? 1 : (ITER < MAXB ? ITER : MAXB);
+    static_assert(ITER * NTHREADS == 2 * PER && ITER % BATCH == 0, "conversion slots tile exactly");
+#pragma unroll
+    for (int b0 = 0; b0 < ITER; b0 += BATCH) {
+        uint4 w4[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
+            w4[b] = *(const uint4 *)((which ? rv : rk) + (r0 + cc / CPR) * Tr::ROW_RAW +
+                                     (cc % CPR) * 16);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
+            const int r = r0 + cc / CPR, ch = cc % CPR;
+            const uint32_t w[4] = {w4[b].x, w4[b].y, w4[b].z, w4[b].w};
+            uint32_t h[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+            }
+            unsigned char *d = which ? dv : dk;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
+                make_uint4(h[4], h[5], h[6], h[7]);
+        }
     }
 }
 
@@ -178,11 +220,12 @@ __device__ __forceinline__ void attnd_fp8_tile_to_f16(const unsigned char *raw, 
 template <class Tr> struct attnd_kv_loader {
     const unsigned char *kbase, *vbase;
     int32_t ks0, ks1, kcoff, vs0, vs1, vcoff; // byte strides / offsets
-    uint32_t spipe, sdst; // stage 0's K tile; + this thread's first slot
+    uint32_t spipe, sdst;                     // stage 0's K tile; + this thread's first slot
     int row0, chunk, bs_mask, nbytes_ok;
     bool vec16;
 
-    __device__ __forceinline__ void init(const attnd_paged_args &p, int tid, int kvh, uint32_t spipe)
+    __device__ __forceinline__ void init(const attnd_paged_args &p, int tid, int kvh,
+                                         uint32_t spipe)
     {
         chunk = tid % Tr::CPR;
         row0 = tid / Tr::CPR;
@@ -215,14 +258,15 @@ template <class Tr> struct attnd_kv_loader {
             const bool ok = pages[i] >= 0;
             const int pgid = ok ? pages[i] : 0; // not read when !ok (0 bytes), a valid address
             const int64_t koff = attnd_mul_wide(pgid, ks0) + (row * ks1 + kcoff);
-            const int64_t voff =
-                SAME_STRIDES ? koff + (vcoff - kcoff) : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
+            const int64_t voff = SAME_STRIDES ? koff + (vcoff - kcoff)
+                                              : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
             const unsigned char *ks = kbase + koff, *vs = vbase + voff;
             const int nbytes = ok ? nbytes_ok : 0;
             // rows 8 apart share the swizzle key: a constant offset from the first slot
-            const uint32_t sk = Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
-                                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
-                                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
+            const uint32_t sk =
+                Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
+                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
             const uint32_t sv = sk + Tr::TILE_RAW;
             if (vec16) {
                 attnd_cp_async16(sk, ks, nbytes);
@@ -454,8 +498,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         uint32_t kt_a = spipe_a + buf * 2 * Tr::TILE_RAW, vt_a = kt_a + Tr::TILE_RAW;
         if (Tr::FP8 && Tr::WARPS_N == 1) {
             // prefill: the CTA converts the whole K and V tiles (every warp reads all of them)
-            attnd_fp8_tile_to_f16<Tr>(rk, sconv, 0, BLOCK_N, tid, Tr::THREADS);
-            attnd_fp8_tile_to_f16<Tr>(rv, sconv + BLOCK_N * ROW16, 0, BLOCK_N, tid, Tr::THREADS);
+            attnd_fp8_tiles_to_f16<Tr, BLOCK_N, Tr::THREADS, 0>(rk, rv, sconv,
+                                                                sconv + BLOCK_N * ROW16, 0, tid);
             __syncthreads();
             kt_a = sconv_a;
             vt_a = sconv_a + BLOCK_N * ROW16;
@@ -473,8 +517,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             if (Tr::FP8 && Tr::WARPS_N > 1) {
                 // decode: the warp converts its own tokens (SUB == NW)
                 __syncwarp();
-                attnd_fp8_tile_to_f16<Tr>(rk, sconv, wn * NW, NW, lane, 32);
-                attnd_fp8_tile_to_f16<Tr>(rv, sconv + BLOCK_N * ROW16, wn * NW, NW, lane, 32);
+                attnd_fp8_tiles_to_f16<Tr, NW, 32, 8>(rk, rv, sconv, sconv + BLOCK_N * ROW16,
+                                                      wn * NW, lane);
                 __syncwarp();
                 kt_a = sconv_a;
                 vt_a = sconv_a + BLOCK_N * ROW16;
@@ -562,7 +606,10 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
                 for (int r = 0; r < 2; r++) {
                     const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
                     ms[r] = attnd_softmax_safe_max(m_new);
-                    alpha[r] = attnd_exp2(m_r[mt][r] - ms[r]);
+                    // a row with nothing visible yet has o = 0 and l = 0: 1 keeps it so and lets
+                    // padded rows (decode) skip the rescale below
+                    alpha[r] =
+                        m_r[mt][r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[mt][r] - ms[r]);
                     m_r[mt][r] = m_new;
                 }
                 float rs[2] = {0.0f, 0.0f};
@@ -622,42 +669,42 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
     const bool partial = p.num_segments > 1;
     const int d_act = p.head_size;
-    if (Tr::WARPS_N == 1) {
-        // one warp per row: normalise the registers and store them directly
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
+#else
+    // sm_80's allocation of the two-m-tile kernel spills with the direct store; use shared memory
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1 && Tr::MT == 1;
+#endif
+    if (kDirectEpilogue && !partial && p.out_vec) {
+        // one warp per row, final output: normalise the registers and store them directly
+        const int ot = p.out_dt;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const float L = attnd_quad_sum(l_r[mt][r]), M = m_r[mt][r];
+                const float L = attnd_quad_sum(l_r[mt][r]);
                 const int idx = wrow0 + mt * 16 + g8 + 8 * r;
-                if (idx >= rows_total) continue;
                 const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
-                const int tok = q_start + idx / g, head = kvh * g + idx % g;
-                if (!partial) {
-                    const int64_t base = (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1;
+                if (idx < rows_total) {
+                    const int tok = q_start + idx / g, head = kvh * g + idx % g;
+                    char *dst =
+                        (char *)p.out + ((int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + 2 * t4) *
+                                            (ot == ATTND_DTYPE_F32 ? 4 : 2);
 #pragma unroll
                     for (int n = 0; n < D_PAD / 8; n++) {
-                        const int col = n * 8 + 2 * t4;
-                        if (col < d_act)
-                            attnd_st2(p.out, p.out_dt, base + col, p.out_vec != 0,
-                                      o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+                        if (n * 8 < d_act) {
+                            const float a0 = o[mt][n][2 * r] * inv, a1 = o[mt][n][2 * r + 1] * inv;
+                            if (ot == ATTND_DTYPE_F32)
+                                *(float2 *)(dst + n * 32) = make_float2(a0, a1);
+                            else if (ot == ATTND_DTYPE_BF16)
+                                *(uint32_t *)(dst + n * 16) = attnd_tc<__nv_bfloat16>::pack(a0, a1);
+                            else
+                                *(uint32_t *)(dst + n * 16) = attnd_tc<__half>::pack(a0, a1);
+                        }
                     }
                     if (p.lse && t4 == 0)
                         p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] =
-                            attnd_softmax_lse(M, L);
-                } else {
-                    const int64_t R = ((int64_t)tok * p.num_q_heads + head) * p.num_segments + seg;
-#pragma unroll
-                    for (int n = 0; n < D_PAD / 8; n++) {
-                        const int col = n * 8 + 2 * t4;
-                        if (col < d_act)
-                            *(float2 *)(p.ws_o + R * d_act + col) =
-                                make_float2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
-                    }
-                    if (t4 == 0) {
-                        p.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
-                        p.ws_l[R] = L;
-                    }
+                            attnd_softmax_lse(m_r[mt][r], L);
                 }
             }
         return;

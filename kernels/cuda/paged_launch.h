@@ -84,7 +84,7 @@ size_t attnd_paged_smem_decode(int d_pad, int kv);
 // Prefill tiles (BLOCK_M = 128 or 64 packed rows), whole context, final output.
 cudaError_t attnd_paged_run_prefill(const attnd_paged_args &a, int d_pad, int kv,
                                     int64_t num_tokens, int max_query_len, int device, int max_smem,
-                                    cudaStream_t st, int variant);
+                                    cudaStream_t st);
 // Decode tiles (16 packed rows, 4 warps over the tokens); a.num_segments > 1 writes partials.
 cudaError_t attnd_paged_run_decode(const attnd_paged_args &a, int d_pad, int kv, int64_t num_tokens,
                                    int max_query_len, int device, int max_smem, cudaStream_t st);

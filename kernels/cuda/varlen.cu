@@ -28,11 +28,14 @@ extern "C" attnd_err attnd_cuda_fa_common(attnd_backend *b, attnd_fa_kparams *k,
     const size_t es = attnd_dtype_size(q->dtype);
     const size_t align = q->dtype == ATTND_DTYPE_FP8_E4M3 ? 8 : 16;
     if (!attnd_aligned(q, es, align, 2))
-        return attnd_fail_unsupported(b, "q: data and row/head strides must be %zu-byte aligned", align);
+        return attnd_fail_unsupported(b, "q: data and row/head strides must be %zu-byte aligned",
+                                      align);
     if (!attnd_aligned(kt, es, align, 2))
-        return attnd_fail_unsupported(b, "k: data and row/head strides must be %zu-byte aligned", align);
+        return attnd_fail_unsupported(b, "k: data and row/head strides must be %zu-byte aligned",
+                                      align);
     if (!attnd_aligned(v, es, align, 2))
-        return attnd_fail_unsupported(b, "v: data and row/head strides must be %zu-byte aligned", align);
+        return attnd_fail_unsupported(b, "v: data and row/head strides must be %zu-byte aligned",
+                                      align);
     if (q->shape[1] > 65535 || cu_q->shape[0] - 1 > 65535)
         return attnd_fail_unsupported(b, "more than 65535 q heads or sequences");
     k->q = q->data;
@@ -47,7 +50,8 @@ extern "C" attnd_err attnd_cuda_fa_common(attnd_backend *b, attnd_fa_kparams *k,
     k->v_sh = v->strides[1];
     k->o_sr = out->strides[0];
     k->o_sh = out->strides[1];
-    k->o_pairs = attnd_aligned(out, attnd_dtype_size(out->dtype), 2 * attnd_dtype_size(out->dtype), 2);
+    k->o_pairs =
+        attnd_aligned(out, attnd_dtype_size(out->dtype), 2 * attnd_dtype_size(out->dtype), 2);
     k->cu_q = (const int32_t *)cu_q->data;
     k->cu_k = (const int32_t *)cu_k->data;
     k->cu_q_st = cu_q->strides[0];
@@ -83,12 +87,15 @@ extern "C" attnd_err attnd_cuda_varlen(attnd_backend *b, const attnd_varlen_para
     }
     const int64_t batch = p->cu_seqlens_q.shape[0] - 1;
     if (batch <= 0 || p->max_seqlen_q <= 0 || p->q.shape[1] == 0) return ATTND_ERR_OK;
-    dim3 grid((unsigned)((p->max_seqlen_q + ATTND_FA_BM - 1) / ATTND_FA_BM), (unsigned)p->q.shape[1],
-              (unsigned)batch);
+    dim3 grid((unsigned)((p->max_seqlen_q + ATTND_FA_BM - 1) / ATTND_FA_BM),
+              (unsigned)p->q.shape[1], (unsigned)batch);
     const int big = k.d > 128;
     switch (p->q.dtype) {
-    case ATTND_DTYPE_F16: return big ? varlen_launch<256, 0>(b, k, grid) : varlen_launch<128, 0>(b, k, grid);
-    case ATTND_DTYPE_BF16: return big ? varlen_launch<256, 1>(b, k, grid) : varlen_launch<128, 1>(b, k, grid);
-    default: return big ? varlen_launch<256, 2>(b, k, grid) : varlen_launch<128, 2>(b, k, grid);
+    case ATTND_DTYPE_F16:
+        return big ? varlen_launch<256, 0>(b, k, grid) : varlen_launch<128, 0>(b, k, grid);
+    case ATTND_DTYPE_BF16:
+        return big ? varlen_launch<256, 1>(b, k, grid) : varlen_launch<128, 1>(b, k, grid);
+    default:
+        return big ? varlen_launch<256, 2>(b, k, grid) : varlen_launch<128, 2>(b, k, grid);
     }
 }

@@ -2,16 +2,19 @@
 // shared by varlen attention and block-sparse attention.
 //
 // One CTA = 4 warps = up to 64 query rows of one (sequence, q head); each warp owns 16 rows. Keys
-// come in tiles of 64 rows: for varlen the sequence's keys 0.., for block-sparse the listed key
-// blocks of the CTA's layout row, gathered into one virtual key sequence (a tile may hold several
-// 16/32-key blocks, or half of a 128-key block), with each tile row's key position kept in shared
-// memory for the causal mask. The pipeline is FA2's: K(j) and V(j) each have one shared buffer;
-// V(j) loads while S = Q K(j)^T and the softmax run, K(j+1) loads while O += P V(j) runs.
+// come in tiles of 32 rows: for varlen the sequence's keys 0.., for block-sparse the listed key
+// blocks of the CTA's layout row, gathered into one virtual key sequence (a tile may hold two
+// 16-key blocks, or a part of a 64/128-key block), with each tile row's key position kept in
+// shared memory for the causal mask. K and V tiles go through a ring of STAGES shared buffers
+// filled by cp.async: while tile j is computed (S = Q K^T, online softmax, O += P V), tiles
+// j+1 .. j+STAGES-1 are in flight, and one barrier per tile orders the ring. (The FA2 pipeline,
+// one K and one V buffer, left one tile in flight and measured 100-109 TFLOP/s on an H100 at
+// 8 x 2048 causal; see bench/RESULTS.md.)
 //
 // Head sizes: tiles are D_PAD wide (128 or 256); a head size d (multiple of 8) uses only the
 // k-steps and n-tiles below it, so 32..128 share one instantiation and 136..256 the other.
-// KIND: 0 fp16, 1 bf16, 2 fp8-e4m3 inputs (converted exactly to fp16 in shared memory; P is
-// quantised to fp8 as p / p_scale before P V, as the seed and the CPU backend do).
+// KIND: 0 fp16, 1 bf16, 2 fp8-e4m3 inputs (converted exactly to fp16 on the way to shared memory;
+// P is quantised to fp8 as p / p_scale before P V, as the seed and the CPU backend do).
 #ifndef ATTND_CUDA_VARLEN_KERNEL_CUH
 #define ATTND_CUDA_VARLEN_KERNEL_CUH
 
@@ -20,8 +23,8 @@
 #include "ops_kernel.cuh"
 
 #define ATTND_FA_THREADS 128
-#define ATTND_FA_BM 64
-#define ATTND_FA_BN 64
+#define ATTND_FA_BM 64 // query rows per CTA
+#define ATTND_FA_BN 32 // keys per tile
 
 typedef struct attnd_fa_kparams {
     const void *q, *k, *v;
@@ -44,25 +47,28 @@ typedef struct attnd_fa_kparams {
     // block-sparse layout (CSR per q head)
     const int32_t *crow, *col;
     int64_t crow_sh, crow_sm, col_sh, col_sm;
-    int32_t bs_log2;   // log2(key block size)
-    int32_t qbs;       // query (row) block size
-    int32_t m_rows;    // query rows per CTA (min(64, qbs))
+    int32_t bs_log2; // log2(key block size)
+    int32_t qbs;     // query (row) block size
+    int32_t m_rows;  // query rows per CTA (min(64, qbs))
     int32_t n_row_blocks, n_cols;
 } attnd_fa_kparams;
 
 template <int D_PAD> struct attnd_fa_traits {
     static_assert(D_PAD == 128 || D_PAD == 256, "padded head sizes: 128, 256");
     enum {
-        W = D_PAD / 8,                              // 16-byte chunks per tile row
-        KSTEPS = D_PAD / 16,                        // k-steps of Q K^T
-        NTILES_O = D_PAD / 8,                       // n8 tiles of O
-        TILE_BYTES = ATTND_FA_BM * D_PAD * 2,       // one 64-row tile, 16-bit
-        SMEM = 3 * TILE_BYTES + ATTND_FA_BN * 4 + 8 // Q, K, V tiles, key positions, tile maxima
+        W = D_PAD / 8,                     // 16-byte chunks per tile row
+        KSTEPS = D_PAD / 16,               // k-steps of Q K^T
+        NTILES_O = D_PAD / 8,              // n8 tiles of O
+        STAGES = D_PAD <= 128 ? 3 : 2,     // K/V ring depth (3 CTAs/SM, resp. 2)
+        Q_BYTES = ATTND_FA_BM * D_PAD * 2, // 16-bit tiles
+        KV_BYTES = ATTND_FA_BN * D_PAD * 2,
+        CPT = ATTND_FA_BN * W / ATTND_FA_THREADS, // chunks per thread of a K (or V) tile
+        SMEM = Q_BYTES + 2 * STAGES * KV_BYTES + STAGES * ATTND_FA_BN * 4
     };
-    static_assert(ATTND_FA_BM == ATTND_FA_BN, "Q and K/V tiles share one size");
+    static_assert(CPT * ATTND_FA_THREADS == ATTND_FA_BN * W, "tile chunks split evenly");
 };
 
-// Chunk ch (8 elements) of a tile row into shared memory: cp.async for 16-bit inputs, a converting
+// Chunk ch (8 elements) of a Q row into shared memory: cp.async for 16-bit inputs, a converting
 // load for fp8. !ok writes zeros (rows past the end, columns past the head size).
 template <int KIND>
 static __device__ __forceinline__ void attnd_fa_chunk(uint32_t dst, const void *row, int ch,
@@ -78,39 +84,20 @@ static __device__ __forceinline__ void attnd_fa_chunk(uint32_t dst, const void *
     }
 }
 
-// The A fragment of k-step kk of the warp's 16 Q rows and the B fragments of the 64 K rows.
-template <int W>
-static __device__ __forceinline__ void attnd_fa_ldsm_qk(uint32_t sQ, uint32_t sK, int warp, int lane,
-                                                        int kk, uint32_t (&qa)[4], uint32_t (&kb)[4][4])
-{
-    attnd_ldsm_x4(sQ + attnd_swz_w<W>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), qa);
-#pragma unroll
-    for (int np = 0; np < 4; np++)
-        attnd_ldsm_x4(sK + attnd_swz_w<W>(np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
-                      kb[np]);
-}
-
-// ATTND_FA_PIPE: prefetch the Q K^T fragments one k-step ahead (head sizes <= 128).
-#ifndef ATTND_FA_PIPE
-#define ATTND_FA_PIPE 1
-#endif
-
 template <int D_PAD, int KIND, bool SPARSE>
-__global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIPE ? 2 : 3) : 2)
+__global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 && KIND != 2 ? 3 : 2)
     attnd_fa_fwd_kernel(const attnd_fa_kparams p)
 {
-    constexpr bool PIPE = ATTND_FA_PIPE && D_PAD <= 128;
     typedef attnd_fa_traits<D_PAD> Tr;
     constexpr bool BF = KIND == 1;
     constexpr bool FP8 = KIND == 2;
-    constexpr int W = Tr::W, BN = ATTND_FA_BN;
+    constexpr int W = Tr::W, BN = ATTND_FA_BN, STAGES = Tr::STAGES, CPT = Tr::CPT;
     constexpr int ESZ = FP8 ? 1 : 2; // bytes per input element
 
     extern __shared__ __align__(128) uint8_t attnd_fa_smem[];
     const uint32_t sQ = attnd_smem_addr(attnd_fa_smem);
-    const uint32_t sK = sQ + Tr::TILE_BYTES, sV = sK + Tr::TILE_BYTES;
-    int *kpos = (int *)(attnd_fa_smem + 3 * Tr::TILE_BYTES);
-    int *kmax = kpos + BN; // sparse: [2] largest key position of a tile (INT_MAX: a hole)
+    const uint32_t sK0 = sQ + Tr::Q_BYTES, sV0 = sK0 + STAGES * Tr::KV_BYTES;
+    int *kpos = (int *)(attnd_fa_smem + Tr::Q_BYTES + 2 * STAGES * Tr::KV_BYTES); // [STAGES][BN]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int bidx = blockIdx.z, h = blockIdx.y;
@@ -126,7 +113,7 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
     const int rows_valid = min(m_rows, Lq - m0);
     const int hk = h / p.group;
     const int d = p.d;
-    const int dchunks = ((d + 15) >> 4) * 2; // chunks loaded per row (zeros past d)
+    const int dchunks = ((d + 15) >> 4) * 2; // chunks written per row (zeros past d)
     const int past = Lk - Lq;                // causal offset: row i sees keys <= i + past
 
     // Key tiles this CTA visits.
@@ -156,131 +143,128 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
         const int r = i / W, ch = i % W;
         if (ch >= dchunks) continue;
         const bool ok = r < rows_valid && ch * 8 < d;
-        const void *row = qbase + ((int64_t)(q_start + m0 + r) * p.q_sr + (int64_t)h * p.q_sh) * ESZ;
+        const void *row =
+            qbase + ((int64_t)(q_start + m0 + r) * p.q_sr + (int64_t)h * p.q_sh) * ESZ;
         attnd_fa_chunk<KIND>(sQ + attnd_swz_w<W>(r, ch), ok ? row : p.q, ch, ok, p.q);
     }
 
-    // K rows of tile j (sparse: also records each row's key position, INT_MAX = none)
-    auto load_k = [&](int j) {
-        for (int i = tid; i < BN * W; i += ATTND_FA_THREADS) {
+    // K and V rows of tile t into stage buf: cp.async for 16-bit inputs; fp8 rows go through
+    // registers (kr/vr) and are converted and stored by store_tile (at the end of an iteration:
+    // stage nbuf is free from the iteration's barrier on). Sparse: records each
+    // row's key position (INT_MAX: a hole past the listed blocks or past k_len).
+    uint2 kr[FP8 ? CPT : 1], vr[FP8 ? CPT : 1];
+    auto issue_tile = [&](int t, int buf) {
+#pragma unroll
+        for (int it = 0; it < CPT; it++) {
+            const int i = tid + it * ATTND_FA_THREADS;
             const int r = i / W, ch = i % W;
-            if (ch >= dchunks) continue;
             int key;
             bool ok;
             if (SPARSE) {
-                const int vk = j * BN + r;
+                const int vk = t * BN + r;
                 key = INT_MAX;
                 if (vk < nvirt) {
-                    const int blk =
-                        __ldg(p.col + h * p.col_sh + (int64_t)(c_begin + (vk >> p.bs_log2)) * p.col_sm);
+                    const int blk = __ldg(p.col + h * p.col_sh +
+                                          (int64_t)(c_begin + (vk >> p.bs_log2)) * p.col_sm);
                     const int pos = (blk << p.bs_log2) + (vk & ((1 << p.bs_log2) - 1));
                     if (blk >= 0 && pos < Lk) key = pos;
                 }
                 ok = key != INT_MAX;
-                if (ch == 0) {
-                    kpos[r] = key;
-                    atomicMax(&kmax[j & 1], key);
-                }
+                if (ch == 0) kpos[buf * BN + r] = key;
             } else {
-                key = j * BN + r;
+                key = t * BN + r;
                 ok = key < Lk;
             }
+            if (ch >= dchunks) continue;
             ok = ok && ch * 8 < d;
-            const void *row =
-                kbase + ((int64_t)(k_start + (ok ? key : 0)) * p.k_sr + (int64_t)hk * p.k_sh) * ESZ;
-            attnd_fa_chunk<KIND>(sK + attnd_swz_w<W>(r, ch), row, ch, ok, p.k);
+            const int64_t row = k_start + (ok ? key : 0);
+            const char *krow = kbase + (row * p.k_sr + (int64_t)hk * p.k_sh) * ESZ;
+            const char *vrow = vbase + (row * p.v_sr + (int64_t)hk * p.v_sh) * ESZ;
+            if (FP8) {
+                kr[FP8 ? it : 0] = ok ? __ldg((const uint2 *)(krow + ch * 8)) : make_uint2(0, 0);
+                vr[FP8 ? it : 0] = ok ? __ldg((const uint2 *)(vrow + ch * 8)) : make_uint2(0, 0);
+            } else {
+                const uint32_t off = buf * Tr::KV_BYTES + attnd_swz_w<W>(r, ch);
+                attnd_cp_async16(sK0 + off, ok ? (const void *)(krow + ch * 16) : p.k, ok ? 16 : 0);
+                attnd_cp_async16(sV0 + off, ok ? (const void *)(vrow + ch * 16) : p.v, ok ? 16 : 0);
+            }
         }
     };
-    auto load_v = [&](int j) {
-        for (int i = tid; i < BN * W; i += ATTND_FA_THREADS) {
+    auto store_tile = [&](int buf) { // fp8 only
+#pragma unroll
+        for (int it = 0; it < CPT; it++) {
+            const int i = tid + it * ATTND_FA_THREADS;
             const int r = i / W, ch = i % W;
             if (ch >= dchunks) continue;
-            int key;
-            bool ok;
-            if (SPARSE) {
-                key = kpos[r];
-                ok = key != INT_MAX;
-            } else {
-                key = j * BN + r;
-                ok = key < Lk;
-            }
-            ok = ok && ch * 8 < d;
-            const void *row =
-                vbase + ((int64_t)(k_start + (ok ? key : 0)) * p.v_sr + (int64_t)hk * p.v_sh) * ESZ;
-            attnd_fa_chunk<KIND>(sV + attnd_swz_w<W>(r, ch), row, ch, ok, p.v);
+            const uint32_t off = buf * Tr::KV_BYTES + attnd_swz_w<W>(r, ch);
+            attnd_st_shared16(sK0 + off, attnd_fp8x8_to_half8(kr[FP8 ? it : 0]));
+            attnd_st_shared16(sV0 + off, attnd_fp8x8_to_half8(vr[FP8 ? it : 0]));
         }
     };
 
-    if (SPARSE) {
-        if (tid < 2) kmax[tid] = INT_MIN;
-        __syncthreads();
+    // prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty ones too)
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) {
+        if (t < n_tiles) {
+            issue_tile(t, t);
+            if (FP8) store_tile(t);
+        }
+        attnd_cp_async_commit();
     }
-    if (n_tiles > 0) load_k(0);
-    attnd_cp_async_commit();
 
     const bool warp_active = warp * 16 < rows_valid;
     const int g = lane >> 2, t4 = lane & 3;
     const int rowA = m0 + warp * 16 + g, rowB = rowA + 8; // rows within the sequence
     float o[Tr::NTILES_O][4];
 #pragma unroll
-    for (int i = 0; i < Tr::NTILES_O; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int i = 0; i < Tr::NTILES_O; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     const bool has_bias = p.bias != NULL;
 
+    int buf = 0, nbuf = STAGES - 1; // stage of tile j, stage of tile j + STAGES - 1
     for (int j = 0; j < n_tiles; j++) {
-        attnd_cp_async_wait<0>();
-        __syncthreads(); // K(j) landed; every warp is done with V(j-1)
-        // sparse: every row of this CTA sees all of tile j when its largest position is at most
-        // the first row's; the other slot is reset for tile j + 1 (filled after the next barrier)
-        bool sparse_full = false;
-        if (SPARSE) {
-            sparse_full = kmax[j & 1] <= past + m0;
-            if (tid == 0) kmax[(j + 1) & 1] = INT_MIN;
-        }
-        load_v(j);
+        attnd_cp_async_wait<STAGES - 2>();
+        __syncthreads(); // tile j landed; every warp is done with tile j - 1 (stage nbuf)
+        const int jn = j + STAGES - 1;
+        if (!FP8 && jn < n_tiles) issue_tile(jn, nbuf);
         attnd_cp_async_commit();
 
-        uint32_t pf[4][4];
         if (warp_active) {
-            float s[8][4];
+            const uint32_t sK = sK0 + buf * Tr::KV_BYTES, sV = sV0 + buf * Tr::KV_BYTES;
+            const int *kp = kpos + buf * BN;
+            // S = Q K^T (16 rows x 32 keys per warp); per k-step one Q and two K fragments
+            float s[4][4];
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            // S = Q K^T. Per k-step the Q fragment and the four K fragments (16 keys each) are
-            // loaded together; with PIPE they are loaded one k-step ahead (more registers, 2 CTAs
-            // per SM), so no ldmatrix latency sits in front of the mma's.
-            if (PIPE) {
-                uint32_t qa[2][4], kb[2][4][4];
-                attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, 0, qa[0], kb[0]);
+            for (int nt = 0; nt < 4; nt++)
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < Tr::KSTEPS; kk++) {
-                    if (kk * 16 >= d) continue;
-                    if (kk + 1 < Tr::KSTEPS && (kk + 1) * 16 < d)
-                        attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, kk + 1, qa[(kk + 1) & 1], kb[(kk + 1) & 1]);
+            for (int kk = 0; kk < Tr::KSTEPS; kk++) {
+                if (kk * 16 >= d) continue;
+                uint32_t qa[4], kb[2][4];
+                attnd_ldsm_x4(sQ + attnd_swz_w<W>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)),
+                              qa);
 #pragma unroll
-                    for (int np = 0; np < 4; np++) {
-                        attnd_mma16816<BF>(s[2 * np], qa[kk & 1], kb[kk & 1][np][0], kb[kk & 1][np][1]);
-                        attnd_mma16816<BF>(s[2 * np + 1], qa[kk & 1], kb[kk & 1][np][2], kb[kk & 1][np][3]);
-                    }
-                }
-            } else {
+                for (int np = 0; np < 2; np++)
+                    attnd_ldsm_x4(sK + attnd_swz_w<W>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                      2 * kk + ((lane >> 3) & 1)),
+                                  kb[np]);
 #pragma unroll
-                for (int kk = 0; kk < Tr::KSTEPS; kk++) {
-                    if (kk * 16 >= d) continue;
-                    uint32_t qa[4], kb[4][4];
-                    attnd_fa_ldsm_qk<W>(sQ, sK, warp, lane, kk, qa, kb);
-#pragma unroll
-                    for (int np = 0; np < 4; np++) {
-                        attnd_mma16816<BF>(s[2 * np], qa, kb[np][0], kb[np][1]);
-                        attnd_mma16816<BF>(s[2 * np + 1], qa, kb[np][2], kb[np][3]);
-                    }
+                for (int np = 0; np < 2; np++) {
+                    attnd_mma16816<BF>(s[2 * np], qa, kb[np][0], kb[np][1]);
+                    attnd_mma16816<BF>(s[2 * np + 1], qa, kb[np][2], kb[np][3]);
                 }
             }
-            // scale (log2 units), masks, bias
-            const bool need_mask = SPARSE ? !sparse_full
-                                          : (has_bias || j * BN + BN > Lk ||
-                                             (p.causal && j * BN + BN - 1 > m0 + past));
+            // scale (log2 units), masks, bias. Sparse: no mask when the tile has no hole and its
+            // largest position is visible to the CTA's first row.
+            bool need_mask;
+            if (SPARSE)
+                need_mask = __reduce_max_sync(0xffffffffu, kp[lane]) > past + m0;
+            else
+                need_mask =
+                    has_bias || j * BN + BN > Lk || (p.causal && j * BN + BN - 1 > m0 + past);
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+            for (int nt = 0; nt < 4; nt++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float x = s[nt][e] * p.scale_log2;
@@ -290,17 +274,17 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
                         int key;
                         bool ok;
                         if (SPARSE) {
-                            key = kpos[c];
+                            key = kp[c];
                             ok = key <= past + row;
                         } else {
                             key = j * BN + c;
                             ok = key < Lk && (!p.causal || key <= row + past);
                         }
                         if (ok && has_bias && row < Lq)
-                            x += ATTND_LOG2E * attnd_ld_elem(p.bias, p.bias_dt,
-                                                        bidx * p.b_sb + h * p.b_sh +
-                                                            (int64_t)row * p.b_sm +
-                                                            (int64_t)key * p.b_sn);
+                            x += ATTND_LOG2E *
+                                 attnd_ld_elem(p.bias, p.bias_dt,
+                                               bidx * p.b_sb + h * p.b_sh + (int64_t)row * p.b_sm +
+                                                   (int64_t)key * p.b_sn);
                         x = ok ? x : -INFINITY;
                     }
                     s[nt][e] = x;
@@ -309,7 +293,7 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
             // online softmax (FA2): one rescale of O per tile
             float mx[2] = {m_run[0], m_run[1]};
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+            for (int nt = 0; nt < 4; nt++) {
                 mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
             }
@@ -317,17 +301,17 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 mx[i] = attnd_quad_max(mx[i]);
-                mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i]; // nothing seen yet: p = 0, no NaN
-                alpha[i] = exp2f(m_run[i] - mu[i]);
+                mu[i] = attnd_softmax_safe_max(mx[i]); // nothing seen yet: p = 0, no NaN
+                alpha[i] = attnd_exp2(m_run[i] - mu[i]);
                 m_run[i] = mx[i];
             }
             float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - mu[0]);
-                s[nt][1] = exp2f(s[nt][1] - mu[0]);
-                s[nt][2] = exp2f(s[nt][2] - mu[1]);
-                s[nt][3] = exp2f(s[nt][3] - mu[1]);
+            for (int nt = 0; nt < 4; nt++) {
+                s[nt][0] = attnd_exp2(s[nt][0] - mu[0]);
+                s[nt][1] = attnd_exp2(s[nt][1] - mu[0]);
+                s[nt][2] = attnd_exp2(s[nt][2] - mu[1]);
+                s[nt][3] = attnd_exp2(s[nt][3] - mu[1]);
                 rs[0] += s[nt][0] + s[nt][1];
                 rs[1] += s[nt][2] + s[nt][3];
             }
@@ -342,42 +326,42 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
             }
             if (FP8) { // P as the PV product sees it: fp8(p / p_scale), exact in fp16
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++)
+                for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[nt][e] = attnd_fp8_to_float(attnd_float_to_fp8(s[nt][e] * p.p_descale));
             }
+            uint32_t pf[2][4];
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
+            for (int kk = 0; kk < 2; kk++) {
                 pf[kk][0] = attnd_pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
                 pf[kk][1] = attnd_pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
                 pf[kk][2] = attnd_pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
                 pf[kk][3] = attnd_pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
-        }
-
-        attnd_cp_async_wait<0>();
-        __syncthreads(); // V(j) landed; every warp is done with K(j) (and kpos of tile j)
-        if (j + 1 < n_tiles) load_k(j + 1);
-        attnd_cp_async_commit();
-
-        if (warp_active) {
-            // O += P V: per 16 keys, the V fragments of up to 128 columns are loaded together,
-            // then their 16 independent mma's run
+            // O += P V: per 16 keys, the V fragments of PVG x 16 columns are loaded together,
+            // then their independent mma's run
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+            // sm_80's register allocation spills the fp8 x 256 kernel with groups of 4
+            constexpr int PVG = D_PAD <= 128 ? 8 : (FP8 ? 2 : 4);
+#else
+            constexpr int PVG = D_PAD <= 128 ? 8 : 4;
+#endif
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
+            for (int kk = 0; kk < 2; kk++) {
 #pragma unroll
-                for (int dg = 0; dg < D_PAD / 128; dg++) {
-                    uint32_t vb[8][4];
+                for (int dg = 0; dg < D_PAD / (16 * PVG); dg++) {
+                    uint32_t vb[PVG][4];
 #pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        if ((dg * 8 + i) * 16 < d)
-                            attnd_ldsm_x4_trans(sV + attnd_swz_w<W>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                                    2 * (dg * 8 + i) + (lane >> 4)),
-                                                vb[i]);
+                    for (int i = 0; i < PVG; i++)
+                        if ((dg * PVG + i) * 16 < d)
+                            attnd_ldsm_x4_trans(
+                                sV + attnd_swz_w<W>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                    2 * (dg * PVG + i) + (lane >> 4)),
+                                vb[i]);
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int dp = dg * 8 + i;
+                    for (int i = 0; i < PVG; i++) {
+                        const int dp = dg * PVG + i;
                         if (dp * 16 < d) {
                             attnd_mma16816<BF>(o[2 * dp], pf[kk], vb[i][0], vb[i][1]);
                             attnd_mma16816<BF>(o[2 * dp + 1], pf[kk], vb[i][2], vb[i][3]);
@@ -386,6 +370,13 @@ __global__ void __launch_bounds__(ATTND_FA_THREADS, D_PAD <= 128 ? (ATTND_FA_PIP
                 }
             }
         }
+        if (FP8 &&
+            jn < n_tiles) { // fp8: load, convert, store after the math (fewer live registers)
+            issue_tile(jn, nbuf);
+            store_tile(nbuf);
+        }
+        buf = buf + 1 == STAGES ? 0 : buf + 1;
+        nbuf = nbuf + 1 == STAGES ? 0 : nbuf + 1;
     }
     attnd_cp_async_wait<0>();
 

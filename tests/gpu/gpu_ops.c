@@ -126,7 +126,8 @@ static int run_both(const char *what, attnd_err gpu_rv, attnd_err cpu_rv)
     if (gpu_rv != ATTND_ERR_OK || cpu_rv != ATTND_ERR_OK) {
         n_fail++;
         printf("  FAIL %-64s gpu %s (%s), cpu %s (%s)\n", what, attnd_strerror(gpu_rv),
-               attnd_backend_last_error(gpu), attnd_strerror(cpu_rv), attnd_backend_last_error(cpu));
+               attnd_backend_last_error(gpu), attnd_strerror(cpu_rv),
+               attnd_backend_last_error(cpu));
         return 0;
     }
     return 1;
@@ -161,10 +162,14 @@ static void merge_case(int64_t T, int64_t H, int64_t D, attnd_dtype in_dt, attnd
             int64_t idx[2] = {h, t};
             double a = attnd_rng_uniform(&rng, -6, 6), b = attnd_rng_uniform(&rng, -6, 6);
             double u = attnd_rng_uniform(&rng, 0, 1);
-            if (u < p_inf) a = -INFINITY;                     /* empty prefix */
-            else if (u < 2 * p_inf) b = INFINITY;             /* FA2's empty suffix */
-            else if (u < 3 * p_inf) a = b = -INFINITY;        /* both empty: zeros, -inf */
-            else if (u < 4 * p_inf) a = INFINITY, b = -INFINITY;
+            if (u < p_inf)
+                a = -INFINITY; /* empty prefix */
+            else if (u < 2 * p_inf)
+                b = INFINITY; /* FA2's empty suffix */
+            else if (u < 3 * p_inf)
+                a = b = -INFINITY; /* both empty: zeros, -inf */
+            else if (u < 4 * p_inf)
+                a = INFINITY, b = -INFINITY;
             attnd_tt_set(&pl.h, idx, a);
             attnd_tt_set(&sl.h, idx, b);
             /* a side with weight 0 holds garbage (NaN) and must not leak */
@@ -253,10 +258,11 @@ typedef struct vcase {
 static void varlen_case(const vcase *c)
 {
     char what[200];
-    int n = snprintf(what, sizeof what, "varlen b=%lld hq=%lld hk=%lld d=%lld %s->%s%s%s pad=%lld L=",
-                     (long long)c->s.batch, (long long)c->hq, (long long)c->hk, (long long)c->d,
-                     dn(c->in_dt), dn(c->out_dt), c->causal ? " causal" : "",
-                     c->bias_dt != ATTND_DTYPE_I32 ? " bias" : "", (long long)c->pad);
+    int n =
+        snprintf(what, sizeof what, "varlen b=%lld hq=%lld hk=%lld d=%lld %s->%s%s%s pad=%lld L=",
+                 (long long)c->s.batch, (long long)c->hq, (long long)c->hk, (long long)c->d,
+                 dn(c->in_dt), dn(c->out_dt), c->causal ? " causal" : "",
+                 c->bias_dt != ATTND_DTYPE_I32 ? " bias" : "", (long long)c->pad);
     for (int64_t i = 0; i < c->s.batch && n < 180; i++)
         n += snprintf(what + n, sizeof what - (size_t)n, "%d/%d,", c->s.lq[i], c->s.lk[i]);
     pair cq, ck, q, k, v, out, bias;
@@ -431,9 +437,11 @@ static void layout_pairs(pair *crow, pair *col, const bcase *c, int64_t rows)
 static void blocksparse_case(const bcase *c)
 {
     char what[200];
-    int n = snprintf(what, sizeof what, "blocksparse hq=%lld hk=%lld d=%lld bs=%d qbs=%d %s->%s %s L=",
-                     (long long)c->hq, (long long)c->hk, (long long)c->d, c->bs, c->qbs,
-                     dn(c->in_dt), dn(c->out_dt), c->random_layout ? "random" : "local+vert");
+    int n =
+        snprintf(what, sizeof what,
+                 "blocksparse hq=%lld hk=%lld d=%lld bs=%d qbs=%d %s->%s %s L=", (long long)c->hq,
+                 (long long)c->hk, (long long)c->d, c->bs, c->qbs, dn(c->in_dt), dn(c->out_dt),
+                 c->random_layout ? "random" : "local+vert");
     for (int64_t i = 0; i < c->s.batch && n < 180; i++)
         n += snprintf(what + n, sizeof what - (size_t)n, "%d/%d,", c->s.lq[i], c->s.lk[i]);
     pair cq, ck, q, k, v, out, crow, col;
@@ -464,16 +472,19 @@ static void blocksparse_case(const bcase *c)
     gp.q = dv(&q), gp.k = dv(&k), gp.v = dv(&v), gp.out = dv(&out);
     gp.cu_seqlens_q = dv(&cq), gp.cu_seqlens_k = dv(&ck);
     gp.layout_crow = dv(&crow), gp.layout_col = dv(&col);
-    if (run_both(what, attnd_blocksparse_attention(gpu, &gp), attnd_blocksparse_attention(cpu, &hp)))
+    if (run_both(what, attnd_blocksparse_attention(gpu, &gp),
+                 attnd_blocksparse_attention(cpu, &hp)))
         check(what, &out, compute_tol(c->in_dt, c->out_dt));
     pair *all[] = {&cq, &ck, &q, &k, &v, &out, &crow, &col};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(all[i]);
 }
 
 static void test_blocksparse(void)
 {
     printf("block-sparse attention\n");
-    static const int32_t sizes[][2] = {{64, 0}, {16, 32}, {64, 16}, {32, 0}, {128, 64}, {16, 128}, {64, 128}};
+    static const int32_t sizes[][2] = {{64, 0},   {16, 32},  {64, 16}, {32, 0},
+                                       {128, 64}, {16, 128}, {64, 128}};
     static const int64_t heads[] = {128, 64, 96, 200, 256, 72, 128};
     for (int i = 0; i < 7; i++) {
         if (quick && i % 2) continue;
@@ -501,7 +512,8 @@ static void test_blocksparse(void)
     /* decode only (max_seqlen_q == 1: the decode kernel) */
     a.s.batch = 5;
     int32_t past[5] = {0, 63, 64, 900, 257};
-    for (int s = 0; s < 5; s++) a.s.lq[s] = 1, a.s.lk[s] = past[s] + 1;
+    for (int s = 0; s < 5; s++)
+        a.s.lq[s] = 1, a.s.lk[s] = past[s] + 1;
     blocksparse_case(&a);
     static const int64_t dheads[] = {96, 64, 256, 200, 32};
     static const int32_t dsizes[][2] = {{16, 0}, {32, 64}, {128, 0}, {64, 16}, {16, 128}};
@@ -541,9 +553,9 @@ static void slopes_pair(pair *s, int64_t heads)
 typedef struct lcase {
     int64_t b, h, n, d, e;
     attnd_dtype in_dt, out_dt;
-    int64_t pad;  /* q/k/v rows padded (pad not a multiple of 8: the float32 path) */
-    int history;  /* random initial state */
-    int split;    /* run as two prefills (chunked prefill carrying the state) */
+    int64_t pad;      /* q/k/v rows padded (pad not a multiple of 8: the float32 path) */
+    int history;      /* random initial state */
+    int split;        /* run as two prefills (chunked prefill carrying the state) */
     int decode_steps; /* then this many decode steps (slots = batch rows, one padding row) */
 } lcase;
 
@@ -559,7 +571,8 @@ static attnd_tensor token_view(const pair *p, int on_dev, int64_t t0, int64_t le
 static void linear_case(const lcase *c)
 {
     char what[200];
-    snprintf(what, sizeof what, "linear b=%lld h=%lld n=%lld d=%lld e=%lld %s->%s pad=%lld hist=%d split=%d dec=%d",
+    snprintf(what, sizeof what,
+             "linear b=%lld h=%lld n=%lld d=%lld e=%lld %s->%s pad=%lld hist=%d split=%d dec=%d",
              (long long)c->b, (long long)c->h, (long long)c->n, (long long)c->d, (long long)c->e,
              dn(c->in_dt), dn(c->out_dt), (long long)c->pad, c->history, c->split, c->decode_steps);
     pair q, k, v, out, sl, st;
@@ -583,12 +596,20 @@ static void linear_case(const lcase *c)
     int ok = 1;
     for (int part = 0; part < (c->split ? 2 : 1) && ok; part++) {
         int64_t t0 = part ? cut : 0, len = part ? c->n - cut : cut;
-        attnd_linear_prefill_params hp = {token_view(&q, 0, t0, len), token_view(&k, 0, t0, len),
-                                          token_view(&v, 0, t0, len), token_view(&out, 0, t0, len),
-                                          sl.h.t, st.h.t, part ? 64 : 0};
-        attnd_linear_prefill_params gp = {token_view(&q, 1, t0, len), token_view(&k, 1, t0, len),
-                                          token_view(&v, 1, t0, len), token_view(&out, 1, t0, len),
-                                          dv(&sl), dv(&st), 0};
+        attnd_linear_prefill_params hp = {token_view(&q, 0, t0, len),
+                                          token_view(&k, 0, t0, len),
+                                          token_view(&v, 0, t0, len),
+                                          token_view(&out, 0, t0, len),
+                                          sl.h.t,
+                                          st.h.t,
+                                          part ? 64 : 0};
+        attnd_linear_prefill_params gp = {token_view(&q, 1, t0, len),
+                                          token_view(&k, 1, t0, len),
+                                          token_view(&v, 1, t0, len),
+                                          token_view(&out, 1, t0, len),
+                                          dv(&sl),
+                                          dv(&st),
+                                          0};
         ok = run_both(what, attnd_linear_prefill(gpu, &gp), attnd_linear_prefill(cpu, &hp));
     }
     if (ok) {
@@ -633,8 +654,10 @@ static void linear_case(const lcase *c)
         pair_up(&cache);
         pair_up(&dout);
         pair_poison_dev(&dout);
-        attnd_linear_decode_params hp = {dq.h.t, dk.h.t, dvv.h.t, dout.h.t, sl.h.t, cache.h.t, slot.h.t};
-        attnd_linear_decode_params gp = {dv(&dq), dv(&dk), dv(&dvv), dv(&dout), dv(&sl), dv(&cache), dv(&slot)};
+        attnd_linear_decode_params hp = {dq.h.t, dk.h.t,    dvv.h.t, dout.h.t,
+                                         sl.h.t, cache.h.t, slot.h.t};
+        attnd_linear_decode_params gp = {dv(&dq), dv(&dk),    dv(&dvv), dv(&dout),
+                                         dv(&sl), dv(&cache), dv(&slot)};
         char w3[400];
         snprintf(w3, sizeof w3, "%s [decode %d slot %s%s]", what, step, dn(slot.h.t.dtype),
                  step % 2 ? " unaligned cache" : "");
@@ -644,10 +667,12 @@ static void linear_case(const lcase *c)
             check(w3, &cache, 1e-5);
         }
         pair *all[] = {&dq, &dk, &dvv, &dout, &slot, &cache};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            pair_free(all[i]);
     }
     pair *all[] = {&q, &k, &v, &out, &sl, &st};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(all[i]);
 }
 
 static void test_linear(void)
@@ -664,7 +689,7 @@ static void test_linear(void)
         {1, 1, 1, 32, 32, ATTND_DTYPE_F16, ATTND_DTYPE_F16, 0, 1, 0, 1},
         {2, 3, 333, 128, 96, ATTND_DTYPE_F32, ATTND_DTYPE_F32, 0, 1, 1, 2},
         {1, 2, 100, 256, 48, ATTND_DTYPE_F32, ATTND_DTYPE_BF16, 0, 1, 0, 1},
-        {1, 2, 150, 64, 64, ATTND_DTYPE_BF16, ATTND_DTYPE_F32, 3, 1, 0, 0},  /* unaligned rows */
+        {1, 2, 150, 64, 64, ATTND_DTYPE_BF16, ATTND_DTYPE_F32, 3, 1, 0, 0}, /* unaligned rows */
         {2, 8, 2048, 128, 128, ATTND_DTYPE_BF16, ATTND_DTYPE_BF16, 0, 1, 1, 1},
     };
     size_t nc = sizeof cases / sizeof cases[0];

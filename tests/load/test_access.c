@@ -405,7 +405,8 @@ static int tls_status(const char *url, const char *ca_file)
         (rv = nng_dialer_start(dl, 0)) == 0 &&
         (rv = nng_msg_alloc(&m, attnd__request__get_packed_size(&req))) == 0) {
         attnd__request__pack(&req, nng_msg_body(m));
-        if (nng_sendmsg(s, m, 0) != 0) nng_msg_free(m);
+        if (nng_sendmsg(s, m, 0) != 0)
+            nng_msg_free(m);
         else if (nng_recvmsg(s, &m, 0) == 0) {
             Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
             code = rep ? (int)rep->code : -1;

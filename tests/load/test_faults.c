@@ -232,6 +232,8 @@ Test(faults, sigterm_under_load_answers_every_accepted_request, .timeout = 120)
                  answered, (unsigned long long)(before + replies));
     cr_assert_eq(lu_log_count(&d, "event=drain"), 1);
     unlink(d.log_path);
+    unlink(d.config_path);
+    unlink(d.sock_path);
 }
 
 /* ---------------------------------------------------------------- SIGHUP */
@@ -440,7 +442,8 @@ Test(faults, repeated_errors_are_rate_limited_in_the_log, .timeout = 120)
     cr_assert_geq(lines, 1);
     cr_assert_leq(lines, 12, "%d log lines for 200 identical errors", lines);
     cr_assert_eq(lu_http_get(port, "/metrics", &body), 200);
-    cr_assert_eq(lu_metric(body, "attnd_requests_total{type=\"invalid\",code=\"PROTOCOL\"}"), 200.0);
+    cr_assert_eq(lu_metric(body, "attnd_requests_total{type=\"invalid\",code=\"PROTOCOL\"}"),
+                 200.0);
     cr_assert_eq(lu_metric(body, "attnd_log_suppressed_total"), 200.0 - lines);
     free(body);
     /* another kind of error still gets its line at once */

@@ -239,6 +239,36 @@ attnd_err attnd_blocksparse_attention(attnd_backend *b, const attnd_blocksparse_
 attnd_err attnd_linear_prefill(attnd_backend *b, const attnd_linear_prefill_params *p);
 attnd_err attnd_linear_decode(attnd_backend *b, const attnd_linear_decode_params *p);
 
+/* ---------------------------------------------------------------- device (daemon support)
+ * The few CUDA runtime calls the daemon needs beyond the ops (device properties and free
+ * memory, binding the device to a thread, CUDA IPC, device memset), so that daemon code needs
+ * no CUDA headers. On a backend other than "cuda", and in builds without CUDA, every call
+ * returns ATTND_ERR_UNSUPPORTED (attnd_device_ipc_close does nothing). */
+#define ATTND_IPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
+
+typedef struct attnd_device_info {
+    int32_t device;       /* ordinal */
+    int32_t num_sms;      /* streaming multiprocessors */
+    uint64_t free_bytes;  /* device memory free now */
+    uint64_t total_bytes; /* device memory in all */
+    char name[64];        /* e.g. "NVIDIA H100 80GB HBM3" */
+} attnd_device_info;
+
+/* Properties and current free memory of the backend's device. */
+attnd_err attnd_device_query(attnd_backend *b, attnd_device_info *info);
+/* Make the backend's device current on the calling thread (a thread that launches ops on a
+ * device other than 0 calls it once). */
+attnd_err attnd_device_bind(attnd_backend *b);
+/* Set bytes of backend memory to byte value v and wait. */
+attnd_err attnd_device_memset(attnd_backend *b, void *ptr, int v, size_t bytes);
+/* Open another process's cudaIpcMemHandle_t (ATTND_IPC_HANDLE_BYTES at handle): *ptr is the
+ * mapped allocation's base in this process, *bytes the allocation's size, *device the device it
+ * lives on. INVALID_ARGUMENT (with last_error naming why) for a handle that does not open. */
+attnd_err attnd_device_ipc_open(attnd_backend *b, const void *handle, void **ptr, uint64_t *bytes,
+                                int32_t *device);
+/* Close what attnd_device_ipc_open mapped (NULL is ignored). */
+void attnd_device_ipc_close(attnd_backend *b, void *ptr);
+
 /* Backend tables (cuda only when compiled with it). */
 extern const attnd_backend_ops attnd_cpu_backend_ops;
 #ifdef ATTND_HAVE_CUDA

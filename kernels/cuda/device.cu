@@ -1,0 +1,127 @@
+// Device support calls for the daemon (kernels.h, "device"): properties, free memory, thread
+// binding, memset, and CUDA IPC. Each one checks that the backend is the cuda one first.
+#include <cuda.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+
+static attnd_err device_cuda(attnd_backend *b, attnd_cuda **c)
+{
+    if (b == NULL || b->ops != &attnd_cuda_backend_ops) return ATTND_ERR_UNSUPPORTED;
+    *c = attnd_cuda_of(b);
+    return ATTND_ERR_OK;
+}
+
+extern "C" attnd_err attnd_device_query(attnd_backend *b, attnd_device_info *info)
+{
+    attnd_cuda *c;
+    cudaDeviceProp prop;
+    size_t free_b = 0, total_b = 0;
+    memset(info, 0, sizeof *info);
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice")) != ATTND_ERR_OK ||
+        (rv = attnd_cuda_check(b, cudaGetDeviceProperties(&prop, c->device),
+                               "cudaGetDeviceProperties")) != ATTND_ERR_OK ||
+        (rv = attnd_cuda_check(b, cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo")) !=
+            ATTND_ERR_OK)
+        return rv;
+    info->device = c->device;
+    info->num_sms = c->num_sms;
+    info->free_bytes = free_b;
+    info->total_bytes = total_b;
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    return ATTND_ERR_OK;
+}
+
+extern "C" attnd_err attnd_device_bind(attnd_backend *b)
+{
+    attnd_cuda *c;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    return attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+extern "C" attnd_err attnd_device_memset(attnd_backend *b, void *ptr, int v, size_t bytes)
+{
+    attnd_cuda *c;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_cuda_check(b, cudaMemsetAsync(ptr, v, bytes, c->stream), "cudaMemsetAsync")))
+        return rv;
+    return attnd_cuda_check(b, cudaStreamSynchronize(c->stream), "cudaMemsetAsync sync");
+}
+
+// The size of the allocation a device pointer lies in, from the driver (cuMemGetAddressRange,
+// reached through the runtime so that no libcuda link is needed): bytes from ptr to its end.
+static attnd_err device_range(attnd_backend *b, void *ptr, uint64_t *bytes)
+{
+    typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                     cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == NULL) {
+        cudaGetLastError();
+        snprintf(b->last_error, sizeof b->last_error,
+                 "ipc_handle: cannot look up cuMemGetAddressRange to bound the region");
+        return ATTND_ERR_INTERNAL;
+    }
+    CUresult r = ((range_fn)fn)(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
+    if (r != CUDA_SUCCESS || (uintptr_t)ptr < base || (uintptr_t)ptr >= base + size) {
+        snprintf(b->last_error, sizeof b->last_error,
+                 "ipc_handle: cuMemGetAddressRange failed (%d) on the mapped region", (int)r);
+        return ATTND_ERR_INTERNAL;
+    }
+    *bytes = (uint64_t)(base + size - (uintptr_t)ptr);
+    return ATTND_ERR_OK;
+}
+
+extern "C" attnd_err attnd_device_ipc_open(attnd_backend *b, const void *handle, void **ptr,
+                                           uint64_t *bytes, int32_t *device)
+{
+    attnd_cuda *c;
+    cudaIpcMemHandle_t h;
+    cudaPointerAttributes attr;
+    *ptr = NULL;
+    *bytes = 0;
+    *device = -1;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    static_assert(sizeof h == ATTND_IPC_HANDLE_BYTES, "cudaIpcMemHandle_t size");
+    memcpy(&h, handle, sizeof h);
+    if ((rv = attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice"))) return rv;
+    cudaError_t e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // not sticky: clear it so the next launch does not report it
+        *ptr = NULL;
+        snprintf(b->last_error, sizeof b->last_error, "ipc_handle: cudaIpcOpenMemHandle: %s",
+                 cudaGetErrorString(e));
+        return ATTND_ERR_INVALID_ARGUMENT;
+    }
+    if ((rv = device_range(b, *ptr, bytes)) == ATTND_ERR_OK) {
+        e = cudaPointerGetAttributes(&attr, *ptr);
+        if (e == cudaSuccess) {
+            *device = attr.device;
+        } else {
+            cudaGetLastError();
+            rv = attnd_cuda_check(b, e, "ipc_handle: cudaPointerGetAttributes");
+        }
+    }
+    if (rv != ATTND_ERR_OK) {
+        cudaIpcCloseMemHandle(*ptr);
+        *ptr = NULL;
+        *bytes = 0;
+    }
+    return rv;
+}
+
+extern "C" void attnd_device_ipc_close(attnd_backend *b, void *ptr)
+{
+    attnd_cuda *c;
+    if (ptr == NULL || device_cuda(b, &c) != ATTND_ERR_OK) return;
+    cudaSetDevice(c->device);
+    cudaIpcCloseMemHandle(ptr);
+}
