@@ -33,20 +33,6 @@ static attnd_backend *open_cpu(void)
     return b;
 }
 
-static void cu_fill(attnd_test_tensor *cu, const int32_t *lens, int64_t batch, int32_t *max_len)
-{
-    int64_t shape[1] = {batch + 1}, acc = 0;
-    attnd_tt_alloc(cu, ATTND_DTYPE_I32, 1, shape);
-    *max_len = 0;
-    for (int64_t s = 0; s <= batch; s++) {
-        ((int32_t *)cu->buf)[s] = (int32_t)acc;
-        if (s < batch) {
-            acc += lens[s];
-            *max_len = lens[s] > *max_len ? lens[s] : *max_len;
-        }
-    }
-}
-
 /* Does a row of head h whose diagonal key block is diag list key block kb <= diag? */
 static int layout_pick(const bdesc *dc, attnd_rng *r, int64_t h, int64_t kb, int64_t diag)
 {
@@ -87,8 +73,8 @@ static void brun_alloc(brun *br, const bdesc *dc, attnd_rng *r)
     br->p = (attnd_blocksparse_params){.block_size = dc->block_size,
                                        .q_block_size = dc->q_block_size,
                                        .scale = 1.0f / sqrtf((float)dc->d)};
-    cu_fill(&br->cuq, dc->lq, dc->batch, &br->p.max_seqlen_q);
-    cu_fill(&br->cuk, dc->lk, dc->batch, &br->p.max_seqlen_k);
+    attnd_tt_cu_seqlens(&br->cuq, dc->lq, dc->batch, &br->p.max_seqlen_q);
+    attnd_tt_cu_seqlens(&br->cuk, dc->lk, dc->batch, &br->p.max_seqlen_k);
     int64_t tq = ((int32_t *)br->cuq.buf)[dc->batch], tk = ((int32_t *)br->cuk.buf)[dc->batch];
     int64_t qs[3] = {tq, dc->hq, dc->d}, ks[3] = {tk, dc->hk, dc->d};
     attnd_tt_alloc(&br->q, dc->in_dt, 3, qs);

@@ -33,26 +33,12 @@ static attnd_backend *open_cpu(void)
     return b;
 }
 
-static void cu_fill(attnd_test_tensor *cu, const int32_t *lens, int64_t batch, int32_t *max_len)
-{
-    int64_t shape[1] = {batch + 1}, acc = 0;
-    attnd_tt_alloc(cu, ATTND_DTYPE_I32, 1, shape);
-    *max_len = 0;
-    for (int64_t s = 0; s <= batch; s++) {
-        ((int32_t *)cu->buf)[s] = (int32_t)acc;
-        if (s < batch) {
-            acc += lens[s];
-            *max_len = lens[s] > *max_len ? lens[s] : *max_len;
-        }
-    }
-}
-
 static void vrun_alloc(vrun *v, const vdesc *dc, attnd_rng *r)
 {
     int fp8 = dc->in_dt == ATTND_DTYPE_FP8_E4M3;
     v->p = (attnd_varlen_params){.causal = dc->causal, .scale = 1.0f / sqrtf((float)dc->d)};
-    cu_fill(&v->cuq, dc->lq, dc->batch, &v->p.max_seqlen_q);
-    cu_fill(&v->cuk, dc->lk, dc->batch, &v->p.max_seqlen_k);
+    attnd_tt_cu_seqlens(&v->cuq, dc->lq, dc->batch, &v->p.max_seqlen_q);
+    attnd_tt_cu_seqlens(&v->cuk, dc->lk, dc->batch, &v->p.max_seqlen_k);
     int64_t tq = ((int32_t *)v->cuq.buf)[dc->batch], tk = ((int32_t *)v->cuk.buf)[dc->batch];
     int64_t qs[3] = {tq, dc->hq, dc->d}, ks[3] = {tk, dc->hk, dc->d};
     attnd_tt_alloc_padded(&v->q, dc->in_dt, 3, qs, dc->pad);

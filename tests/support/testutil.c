@@ -39,14 +39,17 @@ void attnd_tt_alloc_padded(attnd_test_tensor *tt, attnd_dtype dt, int32_t ndim,
 {
     memset(tt, 0, sizeof *tt);
     int64_t padded[ATTND_MAX_DIMS] = {0, 0, 0, 0};
-    for (int32_t d = 0; d < ndim; d++) padded[d] = shape[d];
+    for (int32_t d = 0; d < ndim; d++)
+        padded[d] = shape[d];
     if (ndim > 0 && pad > shape[ndim - 1]) padded[ndim - 1] = pad;
     int64_t n = 1;
-    for (int32_t d = 0; d < ndim; d++) n *= padded[d];
+    for (int32_t d = 0; d < ndim; d++)
+        n *= padded[d];
     tt->bytes = (size_t)(n > 0 ? n : 1) * attnd_dtype_size(dt);
     tt->buf = calloc(1, tt->bytes);
     attnd_tensor_init(&tt->t, tt->buf, dt, ndim, padded);
-    for (int32_t d = 0; d < ndim; d++) tt->t.shape[d] = shape[d];
+    for (int32_t d = 0; d < ndim; d++)
+        tt->t.shape[d] = shape[d];
 }
 
 void attnd_tt_alloc(attnd_test_tensor *tt, attnd_dtype dt, int32_t ndim, const int64_t *shape)
@@ -74,7 +77,8 @@ static int64_t flat_offset(const attnd_tensor *t, int64_t e)
 static int64_t idx_offset(const attnd_tensor *t, const int64_t *idx)
 {
     int64_t off = 0;
-    for (int32_t d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+    for (int32_t d = 0; d < t->ndim; d++)
+        off += idx[d] * t->strides[d];
     return off;
 }
 
@@ -116,7 +120,8 @@ double *attnd_tt_to_f64(const attnd_test_tensor *tt)
 {
     int64_t n = attnd_tensor_numel(&tt->t);
     double *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-    for (int64_t e = 0; e < n; e++) out[e] = attnd_tt_get_flat(tt, e);
+    for (int64_t e = 0; e < n; e++)
+        out[e] = attnd_tt_get_flat(tt, e);
     return out;
 }
 
@@ -140,10 +145,30 @@ double attnd_rel_l2(const double *a, const double *b, int64_t n)
 double attnd_tol_for(attnd_dtype dt)
 {
     switch (dt) {
-    case ATTND_DTYPE_F32: return 1e-4;
-    case ATTND_DTYPE_F16: return 2e-3;
-    case ATTND_DTYPE_BF16: return 1.2e-2;
-    case ATTND_DTYPE_FP8_E4M3: return 8e-2;
-    default: return 1e-6;
+    case ATTND_DTYPE_F32:
+        return 1e-4;
+    case ATTND_DTYPE_F16:
+        return 2e-3;
+    case ATTND_DTYPE_BF16:
+        return 1.2e-2;
+    case ATTND_DTYPE_FP8_E4M3:
+        return 8e-2;
+    default:
+        return 1e-6;
+    }
+}
+
+void attnd_tt_cu_seqlens(attnd_test_tensor *cu, const int32_t *lens, int64_t batch,
+                         int32_t *max_len)
+{
+    int64_t shape[1] = {batch + 1}, acc = 0;
+    attnd_tt_alloc(cu, ATTND_DTYPE_I32, 1, shape);
+    *max_len = 0;
+    for (int64_t s = 0; s <= batch; s++) {
+        ((int32_t *)cu->buf)[s] = (int32_t)acc;
+        if (s < batch) {
+            acc += lens[s];
+            *max_len = lens[s] > *max_len ? lens[s] : *max_len;
+        }
     }
 }

@@ -49,6 +49,10 @@ double attnd_rel_l2(const double *a, const double *b, int64_t n);
 /* Copy every element of a tensor (row-major over the shape) into a double array. */
 double *attnd_tt_to_f64(const attnd_test_tensor *tt);
 
+/* Allocate cu as the i32 prefix sums [batch + 1] of lens, and the largest length in *max_len. */
+void attnd_tt_cu_seqlens(attnd_test_tensor *cu, const int32_t *lens, int64_t batch,
+                         int32_t *max_len);
+
 /* Relative L2 bound for results stored in dtype dt (accumulated in f32). */
 double attnd_tol_for(attnd_dtype dt);
 
