@@ -6,8 +6,11 @@
  * own cudaMalloc'd Q/K/V/out buffer exported by CUDA IPC, and 64 sequences of 4096 tokens of
  * random context that it prefills through the daemon first. Then, in one run:
  *
+ *   transports     everything below twice: over the shared-memory channel each worker's
+ *                  client opens on ipc:// (proto/attnd_channel.h), then over the socket alone
+ *                  (channels closed);
  *   decode step    64 sequences x 1 new token over 4096 context: per-layer Attend round trips
- *                  over ipc:// (p50, p99) with 1 worker, and steps/s with 1, 4 and 8 workers
+ *                  (p50, p99) with 1 worker, and steps/s with 1, 4 and 8 workers
  *                  running at once, with the GPU busy fraction they reach (requests x the kernel
  *                  time alone / wall time);
  *   mixed step     4 prefills of 512 (fresh sequences) + 60 decodes: round trips;
@@ -711,6 +714,19 @@ static void measure_workers(worker *w, int n, const opts *o, double kernel_us)
            reqs / wall / 32.0, 100.0 * reqs * kernel_us * 1e-6 / wall, p50);
 }
 
+/* Round trips (1 worker) and throughput (1, 4, 8 workers) over the workers' current transport. */
+static void measure_transport(worker *w, const opts *o, const kernel_times *kt, int port,
+                              const char *transport)
+{
+    printf("---- transport: %s\n", transport);
+    measure_rtt(&w[0], 0, o->steps, kt->decode_us, "decode", port);
+    measure_rtt(&w[0], 1, o->mixed, kt->mixed_us, "mixed", port);
+    measure_rtt(&w[0], 2, o->steps, kt->tiny_us, "tiny", port);
+    int counts[3] = {1, 4, 8};
+    for (int i = 0; i < 3; i++)
+        if (counts[i] <= o->workers) measure_workers(w, counts[i], o, kt->decode_us);
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -746,12 +762,15 @@ int main(int argc, char **argv)
            kt.mixed_us, kt.mixed_launches, kt.mixed_single_us, kt.mixed_single_us / kt.mixed_us);
     printf("decode forced to 3D: 2 segments %.1f us, 4: %.1f us, 8: %.1f us, 16: %.1f us\n",
            kt.seg_us[0], kt.seg_us[1], kt.seg_us[2], kt.seg_us[3]);
-    measure_rtt(&w[0], 0, o.steps, kt.decode_us, "decode", port);
-    measure_rtt(&w[0], 1, o.mixed, kt.mixed_us, "mixed", port);
-    measure_rtt(&w[0], 2, o.steps, kt.tiny_us, "tiny", port);
-    int counts[3] = {1, 4, 8};
-    for (int i = 0; i < 3; i++)
-        if (counts[i] <= o.workers) measure_workers(w, counts[i], &o, kt.decode_us);
+    for (int i = 0; i < o.workers; i++)
+        if (!attnd_client_channel_active(w[i].c)) {
+            fprintf(stderr, "bench_e2e: worker %d has no channel\n", i);
+            return 1;
+        }
+    measure_transport(w, &o, &kt, port, "channel");
+    for (int i = 0; i < o.workers; i++)
+        CK(attnd_client_channel_close(w[i].c));
+    measure_transport(w, &o, &kt, port, "socket");
     local_graphs(&lc, &kt);
     local_layouts(&lc, &kt);
     printf("decode kernels alone over a pool as large as the daemon's: blocks as its allocator "

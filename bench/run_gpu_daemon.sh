@@ -8,7 +8,9 @@
 #   cmake --build build-gpud -j2 --target attnd gpu_daemon_e2e bench_e2e
 #   bench/run_gpu_daemon.sh --stage build-gpud build-gpud-dev
 # and on the device (carry build-gpud-dev):
-#   bench/run_gpu_daemon.sh build-gpud-dev [test] [bench [bench args...]]
+#   bench/run_gpu_daemon.sh build-gpud-dev [test] [anchors] [bench [bench args...]]
+# (anchors: carry .anchors too, made by: mkdir -p .anchors && cp -r ../shared/anchors
+#  ../shared/seeds .anchors/)
 set -uo pipefail
 
 if [[ ${1:-} == --stage ]]; then
@@ -45,6 +47,12 @@ while [[ $i -lt ${#steps[@]} ]]; do
         timeout 280 "$bin/gpu_daemon_e2e" >"$out/gpu_daemon_e2e.log" 2>&1
         summary+=("test rc=$? $(grep -a 'gpu_daemon_e2e:' "$out/gpu_daemon_e2e.log" | tail -1)")
         grep -a -E 'FAIL|^daemon:|^device:|worst|step   0|step 100' "$out/gpu_daemon_e2e.log" | head -40
+        ;;
+    anchors)
+        # the seed's Triton op on the same per-layer work (carry .anchors: anchors/ + seeds/)
+        SEEDS_DIR=.anchors/seeds PYTHONUNBUFFERED=1 timeout 200 python3 bench/anchors_e2e.py \
+            2>&1 | grep -v Warning | tee "$out/anchors_e2e.log"
+        summary+=("anchors rc=${PIPESTATUS[0]}")
         ;;
     bench)
         args=()

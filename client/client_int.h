@@ -30,4 +30,44 @@ attnd_err attnd_client_take_outputs(attnd_client *c, const Attnd__Reply *rep,
 /* Geometry from its wire form. */
 void attnd_client_geometry_from_pb(attnd_geometry *g, const Attnd__Geometry *pb);
 
+/* Decode the len reply bytes at buf to req as attnd_client_rpc does: OK with *rep, or the error
+ * reply's code (its message recorded), or PROTOCOL (undecodable, another request's id). */
+attnd_err attnd_client_decode(attnd_client *c, const Attnd__Request *req, const void *buf,
+                              size_t len, Attnd__Reply **rep);
+/* 1 once the connection dropped (every call fails). */
+int attnd_client_is_lost(attnd_client *c);
+/* Record "connection lost" for req and return UNAVAILABLE, as the socket path does. */
+attnd_err attnd_client_fail_lost(attnd_client *c, const Attnd__Request *req);
+/* The request's name in messages ("attend", "begin_step", ...). */
+const char *attnd_client_body_name(Attnd__Request__BodyCase k);
+
+/* A shm object the daemon must open (region or channel) gets the group of the daemon's ipc://
+ * socket when this process may give it (0660 then lets a daemon running as another user in that
+ * group map it, as its socket lets us connect); otherwise it keeps ours. */
+void attnd_client_shm_share(const attnd_client *c, int fd);
+
+/* ---------------------------------------------------------------- channel.c */
+
+/* The same-host shared-memory channel (proto/attnd_channel.h) of a client. */
+typedef struct attnd_client_chan attnd_client_chan;
+
+/* Make an object of `slots` slots (0 = ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS, else 1..64) sized
+ * for the session's limits, register it with OpenChannel and unlink its name. spin_us as in
+ * attnd_client_opts. After Hello. On failure nothing is left and the error is recorded on c:
+ * INVALID_ARGUMENT (slots), UNAVAILABLE (no session), NO_MEMORY / INTERNAL (the system call is
+ * named), or the daemon's refusal. */
+attnd_err attnd_client_chan_open(attnd_client *c, int32_t slots, int32_t spin_us,
+                                 attnd_client_chan **ch);
+/* Unmap and free ch (NULL is ignored); first CloseChannel on the socket when tell and the
+ * channel is still active, whose result is returned. No call may be using ch. */
+attnd_err attnd_client_chan_close(attnd_client *c, attnd_client_chan *ch, int tell);
+/* 1 while requests go through ch (not NULL, not closed by the daemon). */
+int attnd_client_chan_active(const attnd_client_chan *ch);
+/* Serve req (id and session stamped) through ch when the channel carries it (per-step and
+ * per-layer requests without INLINE outputs), it fits a slot and a slot is free: returns 1 with
+ * *rv its result (*rep on OK, as attnd_client_rpc). Returns 0, having done nothing, when req
+ * must take the socket. timeout_ms < 0: wait forever. */
+int attnd_client_chan_rpc(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
+                          int32_t timeout_ms, attnd_err *rv, Attnd__Reply **rep);
+
 #endif

@@ -1,5 +1,6 @@
-/* Connection and session: the client object, the REQ socket, one round trip per call, Hello,
- * Status, error messages. */
+/* Connection and session: the client object, the REQ socket, one round trip per call (through
+ * the shared-memory channel when it carries the request, channel.c), Hello, Status, error
+ * messages. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -7,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -25,6 +28,7 @@ typedef struct call_slot {
 struct attnd_client {
     nng_socket sock;
     int dialed;
+    int64_t ipc_gid; /* group of the daemon's ipc:// socket file, -1 when unknown */
     char name[64];
     char token[256];
     char tls_ca_file[512];
@@ -40,6 +44,9 @@ struct attnd_client {
     int lost; /* the connection dropped: the session is gone, every call fails */
     char last_error[512];
     int last_remote; /* last_error came from the daemon */
+    int32_t channel_slots, spin_us;
+    attnd_client_chan *chan; /* set and cleared only while no call is in flight */
+    char chan_error[512];    /* why attnd_client_connect's channel did not open */
 };
 
 static void copy_str(char *dst, size_t cap, const char *src)
@@ -110,10 +117,13 @@ attnd_err attnd_client_alloc(attnd_client **cp, const attnd_client_opts *opts)
     int rv;
     *cp = NULL;
     if (c == NULL) return ATTND_ERR_NO_MEMORY;
+    c->ipc_gid = -1;
     pthread_mutex_init(&c->mu, NULL);
     copy_str(c->name, sizeof c->name, opts && opts->name ? opts->name : "attnd-client");
     copy_str(c->token, sizeof c->token, opts ? opts->token : NULL);
     atomic_init(&c->timeout_ms, opts ? opts->timeout_ms : 0);
+    c->channel_slots = opts ? opts->channel_slots : 0;
+    c->spin_us = opts ? opts->spin_us : 0;
     atomic_init(&c->next_id, 1);
     atomic_init(&c->next_region, 1);
     if ((rv = nng_req0_open(&c->sock)) != 0) goto fail;
@@ -135,6 +145,10 @@ fail:
 void attnd_client_free(attnd_client *c)
 {
     if (c == NULL) return;
+    /* no CloseChannel: the daemon drops the channel with the connection, closed just below (a
+     * round trip less, and no request the caller did not make) */
+    attnd_client_chan_close(c, c->chan, 0);
+    c->chan = NULL;
     while (c->free_slots != NULL) {
         call_slot *s = c->free_slots;
         c->free_slots = s->next;
@@ -190,6 +204,9 @@ attnd_err attnd_client_dial(attnd_client *c, const char *url)
         nng_dialer_close(d);
         return attnd_client_fail(c, map_nng(rv), "dial %s: %s", url, nng_strerror(rv));
     }
+    struct stat st;
+    c->ipc_gid =
+        strncmp(url, "ipc://", 6) == 0 && stat(url + 6, &st) == 0 ? (int64_t)st.st_gid : -1;
     c->dialed = 1;
     return ATTND_ERR_OK;
 }
@@ -242,7 +259,7 @@ uint32_t attnd_client_region_next_id(attnd_client *c)
 
 /* ---------------------------------------------------------------- one round trip */
 
-static const char *body_name(Attnd__Request__BodyCase k)
+const char *attnd_client_body_name(Attnd__Request__BodyCase k)
 {
     switch (k) {
     case ATTND__REQUEST__BODY_HELLO:
@@ -279,6 +296,12 @@ static const char *body_name(Attnd__Request__BodyCase k)
         return "linear_decode";
     case ATTND__REQUEST__BODY_STATUS:
         return "status";
+    case ATTND__REQUEST__BODY_OPEN_CHANNEL:
+        return "open_channel";
+    case ATTND__REQUEST__BODY_CLOSE_CHANNEL:
+        return "close_channel";
+    case ATTND__REQUEST__BODY_WAKE_CHANNEL:
+        return "wake_channel";
     default:
         return "request";
     }
@@ -347,13 +370,20 @@ static void slot_put(attnd_client *c, call_slot *s)
     pthread_mutex_unlock(&c->mu);
 }
 
-static int is_lost(attnd_client *c)
+int attnd_client_is_lost(attnd_client *c)
 {
     int lost;
     pthread_mutex_lock(&c->mu);
     lost = c->lost;
     pthread_mutex_unlock(&c->mu);
     return lost;
+}
+
+attnd_err attnd_client_fail_lost(attnd_client *c, const Attnd__Request *req)
+{
+    return attnd_client_fail(
+        c, ATTND_ERR_UNAVAILABLE, "%s: connection to the daemon lost (session %llu is gone)",
+        attnd_client_body_name(req->body_case), (unsigned long long)c->session);
 }
 
 /* A failed send or receive: a lost connection says so, whatever NNG reported. A reset or
@@ -366,12 +396,9 @@ static attnd_err transport_fail(attnd_client *c, const Attnd__Request *req, cons
         c->lost = 1;
         pthread_mutex_unlock(&c->mu);
     }
-    if (is_lost(c))
-        return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE,
-                                 "%s: connection to the daemon lost (session %llu is gone)",
-                                 body_name(req->body_case), (unsigned long long)c->session);
-    return attnd_client_fail(c, map_nng(rv), "%s: %s: %s", body_name(req->body_case), stage,
-                             nng_strerror(rv));
+    if (attnd_client_is_lost(c)) return attnd_client_fail_lost(c, req);
+    return attnd_client_fail(c, map_nng(rv), "%s: %s: %s", attnd_client_body_name(req->body_case),
+                             stage, nng_strerror(rv));
 }
 
 static int64_t now_ms(void)
@@ -390,16 +417,22 @@ static nng_duration remaining(int32_t timeout_ms, int64_t start)
     return left > 0 ? (nng_duration)left : 1;
 }
 
+/* A call's budget in ms (< 0: no limit). */
+static int32_t call_timeout(attnd_client *c)
+{
+    int32_t timeout = atomic_load(&c->timeout_ms);
+    return timeout == 0 ? ATTND_CLIENT_DEFAULT_TIMEOUT_MS : timeout;
+}
+
 /* Send the packed request on the slot's context and wait for the raw reply message. */
 static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *req, nng_msg **rep)
 {
-    int32_t timeout = atomic_load(&c->timeout_ms);
+    int32_t timeout = call_timeout(c);
     int64_t start = now_ms();
     nng_msg *m;
     int rv;
-    if (timeout == 0) timeout = ATTND_CLIENT_DEFAULT_TIMEOUT_MS;
     if ((rv = nng_msg_alloc(&m, attnd__request__get_packed_size(req))) != 0)
-        return attnd_client_fail(c, map_nng(rv), "%s: %s", body_name(req->body_case),
+        return attnd_client_fail(c, map_nng(rv), "%s: %s", attnd_client_body_name(req->body_case),
                                  nng_strerror(rv));
     attnd__request__pack(req, nng_msg_body(m));
     nng_aio_set_msg(s->aio, m);
@@ -410,7 +443,7 @@ static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *r
         nng_msg_free(nng_aio_get_msg(s->aio));
         return transport_fail(c, req, "send", rv);
     }
-    if (is_lost(c)) return transport_fail(c, req, "no reply", NNG_ECLOSED);
+    if (attnd_client_is_lost(c)) return transport_fail(c, req, "no reply", NNG_ECLOSED);
     nng_aio_set_timeout(s->aio, remaining(timeout, start));
     nng_ctx_recv(s->ctx, s->aio);
     nng_aio_wait(s->aio);
@@ -420,14 +453,15 @@ static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *r
 }
 
 /* Decode a reply and turn an error reply into its code and message. */
-static attnd_err decode(attnd_client *c, const Attnd__Request *req, nng_msg *m, Attnd__Reply **out)
+attnd_err attnd_client_decode(attnd_client *c, const Attnd__Request *req, const void *buf,
+                              size_t len, Attnd__Reply **out)
 {
-    Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-    const char *what = body_name(req->body_case);
+    Attnd__Reply *rep = attnd__reply__unpack(NULL, len, buf);
+    const char *what = attnd_client_body_name(req->body_case);
     attnd_err code;
     if (rep == NULL)
         return attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply of %zu bytes does not decode",
-                                 what, nng_msg_len(m));
+                                 what, len);
     if (rep->id != req->id) {
         code = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply id %llu for request %llu", what,
                                  (unsigned long long)rep->id, (unsigned long long)req->id);
@@ -455,20 +489,24 @@ attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **
     *rep = NULL;
     if (!c->dialed)
         return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "%s: not connected (dial first)",
-                                 body_name(req->body_case));
+                                 attnd_client_body_name(req->body_case));
     req->id = atomic_fetch_add(&c->next_id, 1);
     /* Hello and Status travel without a session (the contract's "0 for Hello and Status"). */
     if (req->body_case != ATTND__REQUEST__BODY_HELLO &&
         req->body_case != ATTND__REQUEST__BODY_STATUS)
         req->session = c->session;
+    if (c->chan != NULL && !attnd_client_is_lost(c) &&
+        attnd_client_chan_rpc(c, c->chan, req, call_timeout(c), &rv, rep))
+        return rv;
     if ((rv = slot_get(c, &s)) == ATTND_ERR_UNAVAILABLE)
         return transport_fail(c, req, "lost", NNG_ECLOSED);
     if (rv != ATTND_ERR_OK)
-        return attnd_client_fail(c, rv, "%s: cannot open a context", body_name(req->body_case));
+        return attnd_client_fail(c, rv, "%s: cannot open a context",
+                                 attnd_client_body_name(req->body_case));
     rv = exchange(c, s, req, &m);
     slot_put(c, s);
     if (rv != ATTND_ERR_OK) return rv;
-    rv = decode(c, req, m, rep);
+    rv = attnd_client_decode(c, req, nng_msg_body(m), nng_msg_len(m), rep);
     nng_msg_free(m);
     return rv;
 }
@@ -539,11 +577,71 @@ attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info)
     return ATTND_ERR_OK;
 }
 
+/* connect's channel: on failure the calls take the socket; the reason goes to chan_error, not
+ * to last_error (the connect succeeded). */
+static void connect_channel(attnd_client *c)
+{
+    char saved[sizeof c->last_error];
+    int saved_remote;
+    pthread_mutex_lock(&c->mu);
+    copy_str(saved, sizeof saved, c->last_error);
+    saved_remote = c->last_remote;
+    pthread_mutex_unlock(&c->mu);
+    if (attnd_client_chan_open(c, c->channel_slots, c->spin_us, &c->chan) == ATTND_ERR_OK) return;
+    pthread_mutex_lock(&c->mu);
+    copy_str(c->chan_error, sizeof c->chan_error, c->last_error);
+    copy_str(c->last_error, sizeof c->last_error, saved);
+    c->last_remote = saved_remote;
+    pthread_mutex_unlock(&c->mu);
+}
+
 attnd_err attnd_client_connect(attnd_client *c, const char *url, attnd_server_info *info)
 {
     attnd_err rv;
     if ((rv = attnd_client_dial(c, url)) != ATTND_ERR_OK) return rv;
-    return attnd_client_hello(c, info);
+    if ((rv = attnd_client_hello(c, info)) != ATTND_ERR_OK) return rv;
+    if (strncmp(url, "ipc://", 6) == 0 && c->channel_slots >= 0) connect_channel(c);
+    return ATTND_ERR_OK;
+}
+
+void attnd_client_shm_share(const attnd_client *c, int fd)
+{
+    /* EPERM when we are not in that group: the object keeps our group, as before */
+    if (c->ipc_gid >= 0 && (gid_t)c->ipc_gid != getegid())
+        (void)!fchown(fd, (uid_t)-1, (gid_t)c->ipc_gid);
+}
+
+/* ---------------------------------------------------------------- channel */
+
+attnd_err attnd_client_channel_open(attnd_client *c, int32_t slots)
+{
+    attnd_client_chan *ch;
+    attnd_err rv;
+    if (attnd_client_chan_active(c->chan))
+        return attnd_client_fail(c, ATTND_ERR_ALREADY_EXISTS, "channel: already open");
+    if ((rv = attnd_client_chan_open(c, slots, c->spin_us, &ch)) != ATTND_ERR_OK) return rv;
+    /* one the daemon closed: unmap it now */
+    attnd_client_chan_close(c, c->chan, 0);
+    c->chan = ch;
+    c->chan_error[0] = '\0';
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_client_channel_close(attnd_client *c)
+{
+    attnd_client_chan *ch = c->chan;
+    c->chan = NULL;
+    return attnd_client_chan_close(c, ch, !attnd_client_is_lost(c));
+}
+
+int attnd_client_channel_active(const attnd_client *c)
+{
+    return attnd_client_chan_active(c->chan);
+}
+
+const char *attnd_client_channel_error(const attnd_client *c)
+{
+    return c->chan_error;
 }
 
 attnd_err attnd_client_status(attnd_client *c, attnd_status *st)

@@ -91,6 +91,7 @@ static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
     if (fd < 0)
         return attnd_client_fail(c, ATTND_ERR_INTERNAL, "shm_open %s: %s", shm->name,
                                  strerror(errno));
+    attnd_client_shm_share(c, fd);
     if (ftruncate(fd, (off_t)size) != 0) {
         int e = errno;
         close(fd);

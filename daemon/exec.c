@@ -1,8 +1,11 @@
 #include "exec.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct exec_item {
     attnd_exec_fn fn;
@@ -21,6 +24,10 @@ struct attnd_exec {
     exec_item *ring; /* requests: [depth] */
     uint32_t depth, head, count;
     exec_item *ctl_head, *ctl_tail; /* control events */
+    atomic_uint queued;  /* requests + control events: the polling thread looks without the lock */
+    atomic_int stop_now; /* stopping, readable without the lock */
+    attnd_exec_poller poller;
+    uint32_t spin_us;
 };
 
 /* "auto": cuda when compiled in and a device opens, else cpu; the log says which and why. */
@@ -71,13 +78,9 @@ fail:
     return rv;
 }
 
-/* Next item, control lane first; 0 when stopping and both lanes are empty. */
-static int exec_take(attnd_exec *ex, exec_item *it)
+/* Pop the next item, control lane first (caller holds mu); 0 when both lanes are empty. */
+static int exec_pop(attnd_exec *ex, exec_item *it)
 {
-    pthread_mutex_lock(&ex->mu);
-    while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
-        pthread_cond_wait(&ex->cv, &ex->mu);
-    int got = 1;
     if (ex->ctl_head) {
         exec_item *c = ex->ctl_head;
         ex->ctl_head = c->next;
@@ -89,25 +92,105 @@ static int exec_take(attnd_exec *ex, exec_item *it)
         ex->head = (ex->head + 1) % ex->depth;
         ex->count--;
     } else {
-        got = 0;
+        return 0;
     }
+    atomic_fetch_sub_explicit(&ex->queued, 1, memory_order_relaxed);
+    return 1;
+}
+
+/* Next item, waiting for one; 0 when stopping and both lanes are empty. */
+static int exec_take(attnd_exec *ex, exec_item *it)
+{
+    pthread_mutex_lock(&ex->mu);
+    while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
+        pthread_cond_wait(&ex->cv, &ex->mu);
+    int got = exec_pop(ex, it);
     pthread_mutex_unlock(&ex->mu);
     return got;
+}
+
+/* Next item if one is queued, without waiting (the lock only when the counter says so). */
+static int exec_try_take(attnd_exec *ex, exec_item *it)
+{
+    if (atomic_load_explicit(&ex->queued, memory_order_acquire) == 0) return 0;
+    pthread_mutex_lock(&ex->mu);
+    int got = exec_pop(ex, it);
+    pthread_mutex_unlock(&ex->mu);
+    return got;
+}
+
+/* Sleep until an item is queued or the executor stops. */
+static void exec_sleep(attnd_exec *ex)
+{
+    pthread_mutex_lock(&ex->mu);
+    while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
+        pthread_cond_wait(&ex->cv, &ex->mu);
+    pthread_mutex_unlock(&ex->mu);
+}
+
+static uint64_t exec_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* One turn: a queued item, then the poller. Returns work done; *inflight as the poller says. */
+static uint32_t exec_turn(attnd_exec *ex, int *inflight)
+{
+    exec_item it;
+    uint32_t done = 0;
+    *inflight = 0;
+    if (exec_try_take(ex, &it)) {
+        it.fn(it.arg, it.value);
+        done = 1;
+    }
+    if (ex->poller.poll) done += ex->poller.poll(ex->poller.arg, inflight);
+    return done;
+}
+
+/* Run queued items and poll; spin (yielding the core to anyone runnable) while work is in
+ * flight or was seen in the last spin_us, then sleep until an item is queued. */
+static void exec_loop(attnd_exec *ex)
+{
+    uint64_t last = exec_now_us();
+    for (;;) {
+        int inflight;
+        uint32_t done = exec_turn(ex, &inflight);
+        /* stopping: leave once nothing is queued or in flight, whatever clients still post */
+        if (!inflight && atomic_load(&ex->stop_now) && atomic_load(&ex->queued) == 0) return;
+        if (done) {
+            last = exec_now_us();
+            continue;
+        }
+        if (inflight || exec_now_us() - last < ex->spin_us) {
+            sched_yield();
+            continue;
+        }
+        if (ex->poller.idle && ex->poller.idle(ex->poller.arg, 0)) continue;
+        exec_sleep(ex);
+        if (ex->poller.idle) ex->poller.idle(ex->poller.arg, 1);
+        last = exec_now_us();
+    }
 }
 
 static void *exec_main(void *arg)
 {
     attnd_exec *ex = arg;
-    exec_item it;
-    ATTND_LOG(ex->log, ATTND_LOG_DEBUG, "event=executor_start backend=%s",
-              attnd_backend_name(ex->backend));
+    ATTND_LOG(ex->log, ATTND_LOG_DEBUG, "event=executor_start backend=%s spin_us=%u",
+              attnd_backend_name(ex->backend), ex->spin_us);
     /* this thread launches every kernel: make the backend's device current here */
     if (attnd_backend_is_device(ex->backend) && attnd_device_bind(ex->backend) != ATTND_ERR_OK)
         ATTND_LOG(ex->log, ATTND_LOG_ERROR, "event=executor_bind_failed err=\"%s\"",
                   attnd_backend_last_error(ex->backend));
-    while (exec_take(ex, &it))
-        it.fn(it.arg, it.value);
+    exec_loop(ex);
     return NULL;
+}
+
+void attnd_exec_set_poller(attnd_exec *ex, const attnd_exec_poller *p, uint32_t spin_us)
+{
+    ex->poller = *p;
+    ex->spin_us = spin_us;
 }
 
 attnd_err attnd_exec_start(attnd_exec *ex)
@@ -127,6 +210,7 @@ attnd_err attnd_exec_submit(attnd_exec *ex, attnd_exec_fn fn, void *arg)
         it->arg = arg;
         it->value = 0;
         ex->count++;
+        atomic_fetch_add_explicit(&ex->queued, 1, memory_order_release);
         rv = ATTND_ERR_OK;
         pthread_cond_signal(&ex->cv);
     }
@@ -152,6 +236,7 @@ attnd_err attnd_exec_post(attnd_exec *ex, attnd_exec_fn fn, void *arg, uint64_t 
     else
         ex->ctl_head = it;
     ex->ctl_tail = it;
+    atomic_fetch_add_explicit(&ex->queued, 1, memory_order_release);
     pthread_cond_signal(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
     return ATTND_ERR_OK;
@@ -161,14 +246,21 @@ void attnd_exec_stop(attnd_exec *ex)
 {
     pthread_mutex_lock(&ex->mu);
     ex->stopping = 1;
+    atomic_store(&ex->stop_now, 1);
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
     if (ex->started) pthread_join(ex->thread, NULL);
     ex->started = 0;
-    /* without a thread (never started) queued control events still own their memory: run them */
+    /* without a thread (never started) queued control events still own their memory: run them,
+     * and let the poller finish what is in flight */
     exec_item it;
     while (exec_take(ex, &it))
         it.fn(it.arg, it.value);
+    int inflight = 1;
+    while (ex->poller.poll && inflight)
+        ex->poller.poll(ex->poller.arg, &inflight);
+    /* stopped for good: what the poller polls may be freed next (stop is called again by free) */
+    memset(&ex->poller, 0, sizeof ex->poller);
 }
 
 void attnd_exec_free(attnd_exec *ex)

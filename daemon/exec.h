@@ -1,7 +1,12 @@
-/* Executor: one thread per backend that owns it (the CUDA context and stream, later) and runs
- * every piece of work that touches daemon state: requests, in a bounded queue (full ->
- * the caller replies UNAVAILABLE), and control events (connection dropped, housekeeping, live
- * config), in an unbounded lane that is served first. State touched only here needs no locks. */
+/* Executor: one thread per backend that owns it (the CUDA context and stream) and runs every
+ * piece of work that touches daemon state: requests, in a bounded queue (full -> the caller
+ * replies UNAVAILABLE), and control events (connection dropped, housekeeping, live config), in
+ * an unbounded lane that is served first. State touched only here needs no locks.
+ *
+ * Between items the thread calls its poller (replies whose kernels finished, requests posted
+ * in shared-memory channels). It keeps polling while the poller has work in flight and for
+ * spin_us after the last work it saw, then sleeps until the next queued item: a busy daemon
+ * answers without thread wake-ups, an idle one costs no CPU. */
 #ifndef ATTND_DAEMON_EXEC_H
 #define ATTND_DAEMON_EXEC_H
 
@@ -14,10 +19,23 @@ typedef void (*attnd_exec_fn)(void *arg, uint64_t value);
 
 typedef struct attnd_exec attnd_exec;
 
+/* Work the executor polls for besides its queue (executor thread). */
+typedef struct attnd_exec_poller {
+    void *arg;
+    /* Do what is ready; return how many things were done, set *inflight when work is still
+     * pending (device kernels running): the executor then keeps polling. */
+    uint32_t (*poll)(void *arg, int *inflight);
+    /* The executor is about to sleep (awake 0) or woke up (awake 1). Returns 1 when, going to
+     * sleep, work showed up meanwhile: it polls again instead. */
+    int (*idle)(void *arg, int awake);
+} attnd_exec_poller;
+
 /* Open the backend named "cpu", "cuda" or "auto" (cuda when compiled in and a device opens,
  * else cpu) and size the queue. UNSUPPORTED / UNAVAILABLE from attnd_backend_open. */
 attnd_err attnd_exec_alloc(attnd_exec **ex, const char *backend, const attnd_backend_opts *opts,
                            uint32_t depth, attnd_log *lg);
+/* Set the poller and the idle spin window (before start). */
+void attnd_exec_set_poller(attnd_exec *ex, const attnd_exec_poller *p, uint32_t spin_us);
 /* Start the thread. */
 attnd_err attnd_exec_start(attnd_exec *ex);
 /* Queue a request. UNAVAILABLE when the queue is full or the executor is stopping. */

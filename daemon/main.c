@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "config.h"
 #include "exec.h"
 #include "log.h"
@@ -14,6 +15,7 @@
 #include "observe.h"
 #include "ops.h"
 #include "server.h"
+#include "shmguard.h"
 
 #define TICK_MS 100
 
@@ -26,6 +28,8 @@ typedef struct daemon_ctx {
     attnd_ops *ops;
     attnd_server *srv;
     attnd_observe *obs;
+    attnd_shmguard *guard; /* client-owned shm (channels) that shrinks reads as zeros */
+    attnd_channels *channels;
     uint64_t ticks;
 } daemon_ctx;
 
@@ -120,6 +124,23 @@ static void hook_tick(void *arg)
 
 /* ---------------------------------------------------------------- startup */
 
+/* Shared-memory channels and the SIGBUS guard that keeps a client's truncation from killing
+ * us (one guard entry per channel). */
+static attnd_err start_channels(daemon_ctx *d, char *err, size_t n)
+{
+    attnd_err rv;
+    d->ops->spin_us = d->cfg.server.spin_us;
+    if (d->cfg.server.channels == 0) return ATTND_ERR_OK;
+    if ((rv = attnd_shmguard_alloc(&d->guard, d->cfg.server.channels)) != ATTND_ERR_OK ||
+        (rv = attnd_channels_alloc(&d->channels, d->guard, d->cfg.server.channels, &d->log))) {
+        snprintf(err, n, "server.channels: cannot set up %u channels: %s", d->cfg.server.channels,
+                 attnd_strerror(rv));
+        return rv;
+    }
+    d->ops->channels = d->channels;
+    return ATTND_ERR_OK;
+}
+
 static int start_modules(daemon_ctx *d)
 {
     char err[512] = "";
@@ -147,6 +168,7 @@ static int start_modules(daemon_ctx *d)
         goto fail;
     d->ops->metrics = attnd_observe_metrics(d->obs);
     d->ops->log_limit = attnd_observe_ratelimit(d->obs);
+    if ((rv = start_channels(d, err, sizeof err)) != ATTND_ERR_OK) goto fail;
     if ((rv = attnd_server_alloc(&d->srv, &d->cfg, d->ops, d->ex, &d->log, err, sizeof err)))
         goto fail;
     attnd_server_set_observe(d->srv, d->obs);
@@ -168,6 +190,8 @@ static void stop_modules(daemon_ctx *d)
     if (d->ex) attnd_exec_stop(d->ex);
     attnd_server_free(d->srv);
     attnd_ops_free(d->ops);
+    attnd_channels_free(d->channels); /* after ops: closing a session closes its channels */
+    attnd_shmguard_free(d->guard);
     attnd_exec_free(d->ex);
     attnd_observe_free(d->obs); /* last: the server and executor count into its metrics */
 }

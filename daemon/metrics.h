@@ -35,7 +35,10 @@
     XX(BLOCKSPARSE, "blocksparse", 23)                                                             \
     XX(LINEAR_PREFILL, "linear_prefill", 24)                                                       \
     XX(LINEAR_DECODE, "linear_decode", 25)                                                         \
-    XX(STATUS, "status", 26)
+    XX(STATUS, "status", 26)                                                                       \
+    XX(OPEN_CHANNEL, "open_channel", 27)                                                           \
+    XX(CLOSE_CHANNEL, "close_channel", 28)                                                         \
+    XX(WAKE_CHANNEL, "wake_channel", 29)
 
 typedef enum attnd_metrics_req {
 #define ATTND_METRICS_REQ_ENUM(name, label, field) ATTND_METRICS_REQ_##name,

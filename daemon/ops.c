@@ -10,6 +10,7 @@
 #include "metrics.h"
 #include "ratelimit.h"
 
+#include "chanops.h"
 #include "sched.h"
 #include "step.h"
 #include "tensorops.h"
@@ -353,7 +354,11 @@ static attnd_err ops_alloc_plan_memory(attnd_ops *o)
     o->index_slot_bytes = slot;
     o->index_owner = calloc(o->index_slots, sizeof *o->index_owner);
     o->index_used = calloc(o->index_slots, sizeof *o->index_used);
-    if (o->index_owner == NULL || o->index_used == NULL) return ATTND_ERR_NO_MEMORY;
+    o->index_fence = calloc(o->index_slots, sizeof *o->index_fence);
+    if (o->index_owner == NULL || o->index_used == NULL || o->index_fence == NULL)
+        return ATTND_ERR_NO_MEMORY;
+    if ((rv = attnd_device_host_alloc(o->be, (size_t)o->index_slots * slot, &o->index_host)))
+        return rv;
     return ops_take(o, (size_t)o->index_slots * slot, &o->index_dev);
 }
 
@@ -414,7 +419,9 @@ static void free_layers(attnd_ops *o, void **arr)
 void attnd_ops_free(attnd_ops *o)
 {
     if (o == NULL) return;
+    attnd_ops_drain(o);
     attnd_step_free_all(o);
+    free(o->inflight);
     attnd_sessions_fini(&o->sessions);
     attnd_cache_free(o->cache);
     free_layers(o, o->k_cache);
@@ -423,6 +430,10 @@ void attnd_ops_free(attnd_ops *o)
     attnd_backend_free(o->be, o->alibi);
     attnd_backend_free(o->be, o->ws3d);
     attnd_backend_free(o->be, o->index_dev);
+    for (uint32_t i = 0; o->index_fence && i < o->index_slots; i++)
+        attnd_device_fence_release(o->be, o->index_fence[i]);
+    free(o->index_fence);
+    attnd_device_host_free(o->be, o->index_host);
     attnd_backend_free(o->be, o->stage);
     free(o->index_owner);
     free(o->index_used);
@@ -556,8 +567,8 @@ static attnd_err op_register(attnd_ops *o, attnd_session *s, const Attnd__Reques
 static attnd_err op_unregister(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
                                uint32_t pipe, attnd_ops_reply *r)
 {
-    (void)o;
     (void)pipe;
+    attnd_ops_drain(o); /* kernels still reading a CUDA_IPC region finish before it closes */
     attnd_err rv =
         attnd_session_region_remove(s, req->unregister_region->region, r->msg, sizeof r->msg);
     return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
@@ -712,7 +723,7 @@ static attnd_err op_list(attnd_ops *o, attnd_session *s, const Attnd__Request *r
 /* ---------------------------------------------------------------- dispatch */
 
 #define OPS_FIRST_BODY ATTND__REQUEST__BODY_HELLO
-#define OPS_LAST_BODY ATTND__REQUEST__BODY_STATUS
+#define OPS_LAST_BODY ATTND__REQUEST__BODY_WAKE_CHANNEL
 
 static attnd_err op_begin(attnd_ops *o, attnd_session *s, const Attnd__Request *req, uint32_t pipe,
                           attnd_ops_reply *r)
@@ -753,6 +764,20 @@ static attnd_err op_tensor(attnd_ops *o, attnd_session *s, const Attnd__Request 
     }
 }
 
+static attnd_err op_channel(attnd_ops *o, attnd_session *s, const Attnd__Request *req,
+                            uint32_t pipe, attnd_ops_reply *r)
+{
+    (void)pipe;
+    switch (req->body_case) {
+    case ATTND__REQUEST__BODY_OPEN_CHANNEL:
+        return attnd_chanops_open(o, s, req->open_channel, r);
+    case ATTND__REQUEST__BODY_CLOSE_CHANNEL:
+        return attnd_chanops_close(o, s, req->close_channel, r);
+    default:
+        return attnd_chanops_wake(o, s, req->wake_channel, r);
+    }
+}
+
 /* The protocol as a table: handler, whether it needs a session, name for logs. */
 static const struct {
     ops_handler fn;
@@ -777,6 +802,9 @@ static const struct {
     [ATTND__REQUEST__BODY_LINEAR_PREFILL - OPS_FIRST_BODY] = {op_tensor, 1, "linear_prefill"},
     [ATTND__REQUEST__BODY_LINEAR_DECODE - OPS_FIRST_BODY] = {op_tensor, 1, "linear_decode"},
     [ATTND__REQUEST__BODY_STATUS - OPS_FIRST_BODY] = {op_status, 0, "status"},
+    [ATTND__REQUEST__BODY_OPEN_CHANNEL - OPS_FIRST_BODY] = {op_channel, 1, "open_channel"},
+    [ATTND__REQUEST__BODY_CLOSE_CHANNEL - OPS_FIRST_BODY] = {op_channel, 1, "close_channel"},
+    [ATTND__REQUEST__BODY_WAKE_CHANNEL - OPS_FIRST_BODY] = {op_channel, 1, "wake_channel"},
 };
 
 /* Requests that launch kernels or copy device memory (an EndStep that aborts does neither). */
@@ -869,6 +897,7 @@ void attnd_ops_handle(attnd_ops *o, const Attnd__Request *req, uint32_t pipe, ui
 static void on_session_gone(attnd_session *s, void *arg)
 {
     attnd_ops *o = arg;
+    attnd_chanops_session_gone(o, s);
     attnd_step_abort_session(o, s);
     ATTND_LOG(o->log, ATTND_LOG_INFO, "event=disconnect session=%llu pipe=%u seqs=%u reclaim_ms=%u",
               (unsigned long long)s->id, s->pipe, s->nseqs, o->limits.reclaim_timeout_ms);
@@ -876,6 +905,7 @@ static void on_session_gone(attnd_session *s, void *arg)
 
 void attnd_ops_pipe_closed(attnd_ops *o, uint32_t pipe)
 {
+    attnd_ops_drain(o); /* its CUDA_IPC regions close next: no kernel may still read them */
     attnd_sessions_disconnect(&o->sessions, pipe, attnd_ops_now_ms(), on_session_gone, o);
     if (o->limits.reclaim_timeout_ms == 0) attnd_ops_sweep(o);
 }

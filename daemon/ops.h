@@ -27,6 +27,8 @@ enum { ATTND_OPS_NCODES = 0 ATTND_ERR_MAP(ATTND_OPS_COUNT_CODE) };
 #undef ATTND_OPS_COUNT_CODE
 
 struct attnd_step;
+struct attnd_channels;
+struct attnd_inflight_item;
 
 typedef struct attnd_ops {
     attnd_log *log;
@@ -56,8 +58,10 @@ typedef struct attnd_ops {
     void *index_dev;    /* device backends: [index_slots] slots of a plan's index arrays */
     size_t index_slot_bytes;
     uint32_t index_slots;
-    struct attnd_step **index_owner; /* [index_slots] the open step whose arrays a slot holds */
-    uint64_t *index_used;            /* [index_slots] last use, for LRU reuse */
+    void *index_host;                 /* [index_slots] page-locked staging of each slot's upload */
+    struct attnd_fence **index_fence; /* [index_slots] after the slot's last upload, or NULL */
+    struct attnd_step **index_owner;  /* [index_slots] the open step whose arrays a slot holds */
+    uint64_t *index_used;             /* [index_slots] last use, for LRU reuse */
     uint64_t index_clock;
     /* Device backends: */
     void *stage;            /* device copies of host tensors (grows on demand) */
@@ -66,6 +70,13 @@ typedef struct attnd_ops {
     char device_name[64];   /* "" on the cpu backend */
     int device_failed;      /* a GPU error left the device unusable: no more kernel work */
     char device_error[512]; /* what failed */
+    /* Replies waiting for their kernels (inflight.c), a ring in completion order: */
+    struct attnd_inflight_item *inflight;
+    uint32_t inflight_head, inflight_count, inflight_cap;
+    uint64_t inflight_done_ns; /* when the last one completed (kernel time is not counted twice) */
+    /* Shared-memory channels (channel.h); NULL = off. Set by the daemon's wiring. */
+    struct attnd_channels *channels;
+    uint32_t spin_us; /* the executor's idle polling window, told to channel clients */
 } attnd_ops;
 
 /* One reply and the storage its sub-messages point to. */
@@ -83,7 +94,17 @@ typedef struct attnd_ops_reply {
     Attnd__InlineOutputs outputs;
     ProtobufCBinaryData out_data[ATTND_HANDLES_MAX_OUT]; /* heap data */
     Attnd__StatusReply status;
+    Attnd__OpenChannelReply channel;
+    /* Set by a handler whose kernels still run and whose reply needs nothing else from the host:
+     * the caller defers the reply (attnd_ops_defer) instead of sending it now. */
+    struct attnd_fence *fence;
+    const char *fence_what; /* the op, named in an INTERNAL reply if the kernels failed */
+    int fence_kind;         /* attnd_metrics_kernel_kind charged with the wait */
+    uint64_t fence_t_ns;    /* when the last kernel was queued */
 } attnd_ops_reply;
+
+/* Called when a deferred reply is ready (executor thread); r is the one handed to defer. */
+typedef void (*attnd_ops_done_fn)(void *arg, attnd_ops_reply *r);
 
 /* Allocate the cache pools and the linear state on backend be (which must outlive ops). */
 attnd_err attnd_ops_alloc(attnd_ops **o, const attnd_config *cfg, attnd_backend *be, int32_t units,
@@ -107,6 +128,20 @@ void attnd_ops_sweep(attnd_ops *o);
 void attnd_ops_apply_live(attnd_ops *o, const attnd_config *cfg);
 /* One key=value stats line at info level. */
 void attnd_ops_log_stats(attnd_ops *o);
+
+/* ---------------------------------------------------------------- deferred replies (inflight.c)
+ * The executor queues the next request's kernels while the last ones run; replies go out in
+ * order as their fences pass. */
+/* Hand over r (r->fence set): done(arg, r) runs from a later attnd_ops_poll, with r->reply an
+ * INTERNAL error naming r->fence_what if the kernels failed. Never fails: without memory for
+ * the queue it waits for the device and calls done at once. */
+void attnd_ops_defer(attnd_ops *o, attnd_ops_reply *r, attnd_ops_done_fn done, void *arg);
+/* Complete the deferred replies whose kernels finished, oldest first; returns how many. */
+uint32_t attnd_ops_poll(attnd_ops *o);
+/* Deferred replies not completed yet. */
+uint32_t attnd_ops_inflight(const attnd_ops *o);
+/* Wait for every deferred reply's kernels and complete them (before memory they use goes). */
+void attnd_ops_drain(attnd_ops *o);
 
 /* ---------------------------------------------------------------- replies */
 void attnd_ops_reply_init(attnd_ops_reply *r, uint64_t id);

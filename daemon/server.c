@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "observe.h"
 
 enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
@@ -140,6 +141,31 @@ static void slot_recv(srv_slot *sl)
     nng_ctx_recv(sl->ctx, sl->aio);
 }
 
+/* Count a reply about to go out (any thread that answers: metrics are atomics). */
+static void server_count_reply(attnd_server *srv, attnd_metrics_req type, uint32_t code,
+                               uint64_t t_recv_ns, size_t bytes)
+{
+    attnd_ops_count(srv->ops, (attnd_err)code);
+    if (srv->obs == NULL) return;
+    attnd_metrics *mt = attnd_observe_metrics(srv->obs);
+    attnd_metrics_request(mt, type, code, attnd_metrics_now_ns() - t_recv_ns);
+    attnd_metrics_wire(mt, 0, bytes);
+    attnd_metrics_gauge_add(mt, ATTND_METRICS_GAUGE_INFLIGHT, -1);
+    if (type == ATTND_METRICS_REQ_HELLO && code == ATTND_ERR_OK)
+        attnd_metrics_event(mt, ATTND_METRICS_EVENT_SESSIONS_OPENED);
+    if (type == ATTND_METRICS_REQ_HELLO && code == ATTND_ERR_PERMISSION_DENIED)
+        attnd_metrics_event(mt, ATTND_METRICS_EVENT_AUTH_FAILURES);
+}
+
+/* A request arrived (socket or channel): counted in flight until its reply is counted. */
+static void server_count_request(attnd_server *srv, size_t bytes)
+{
+    atomic_fetch_add(&srv->busy, 1);
+    if (srv->obs == NULL) return;
+    attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_INFLIGHT, 1);
+    attnd_metrics_wire(attnd_observe_metrics(srv->obs), bytes, 0);
+}
+
 /* Pack and send; a reply that cannot be allocated is replaced by a small NO_MEMORY one. */
 static void slot_send(srv_slot *sl, Attnd__Reply *rep)
 {
@@ -169,17 +195,7 @@ static void slot_send(srv_slot *sl, Attnd__Reply *rep)
         }
     }
     attnd__reply__pack(rep, nng_msg_body(m));
-    attnd_ops_count(srv->ops, (attnd_err)rep->code);
-    if (srv->obs) {
-        attnd_metrics *mt = attnd_observe_metrics(srv->obs);
-        attnd_metrics_request(mt, sl->req_type, rep->code, attnd_metrics_now_ns() - sl->t_recv_ns);
-        attnd_metrics_wire(mt, 0, n);
-        attnd_metrics_gauge_add(mt, ATTND_METRICS_GAUGE_INFLIGHT, -1);
-        if (sl->req_type == ATTND_METRICS_REQ_HELLO && rep->code == ATTND_ERR_OK)
-            attnd_metrics_event(mt, ATTND_METRICS_EVENT_SESSIONS_OPENED);
-        if (sl->req_type == ATTND_METRICS_REQ_HELLO && rep->code == ATTND_ERR_PERMISSION_DENIED)
-            attnd_metrics_event(mt, ATTND_METRICS_EVENT_AUTH_FAILURES);
-    }
+    server_count_reply(srv, sl->req_type, rep->code, sl->t_recv_ns, n);
     sl->state = SLOT_SEND;
     nng_aio_set_msg(sl->aio, m);
     nng_ctx_send(sl->ctx, sl->aio);
@@ -234,6 +250,14 @@ static uint32_t find_unknown(const ProtobufCMessage *m, const char **where)
     return 0;
 }
 
+/* A reply that waited for its kernels (attnd_ops_defer) goes out now. */
+static void server_slot_done_cb(void *arg, attnd_ops_reply *r)
+{
+    srv_slot *sl = arg;
+    slot_send(sl, &r->reply);
+    attnd_ops_reply_fini(r);
+}
+
 static void server_exec_cb(void *arg, uint64_t value)
 {
     srv_slot *sl = arg;
@@ -243,10 +267,12 @@ static void server_exec_cb(void *arg, uint64_t value)
     /* control events run before queued requests: a connection may be gone already */
     uint32_t pipe = pipes_has(srv, sl->pipe) ? sl->pipe : 0;
     attnd_ops_handle(srv->ops, sl->req, pipe, attnd_ops_now_ms() - sl->t_recv_ms, &sl->reply);
-    slot_send(sl, &sl->reply.reply);
-    attnd_ops_reply_fini(&sl->reply);
     attnd__request__free_unpacked(sl->req, NULL);
     sl->req = NULL;
+    if (sl->reply.fence != NULL)
+        attnd_ops_defer(srv->ops, &sl->reply, server_slot_done_cb, sl);
+    else
+        server_slot_done_cb(sl, &sl->reply);
 }
 
 Attnd__Request *attnd_server_decode(const void *buf, size_t len, uint64_t *id, attnd_err *code,
@@ -281,17 +307,13 @@ static void slot_on_request(srv_slot *sl)
     sl->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
     sl->t_recv_ms = attnd_ops_now_ms();
     sl->t_recv_ns = attnd_metrics_now_ns();
-    atomic_fetch_add(&srv->busy, 1);
     size_t len = nng_msg_len(msg);
+    server_count_request(srv, len);
     Attnd__Request *req =
         attnd_server_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
     nng_msg_free(msg);
     /* every received message is answered by slot_send, which counts it out again */
     sl->req_type = attnd_metrics_req_from_field(req ? (uint32_t)req->body_case : 0);
-    if (srv->obs) {
-        attnd_metrics_gauge_add(attnd_observe_metrics(srv->obs), ATTND_METRICS_GAUGE_INFLIGHT, 1);
-        attnd_metrics_wire(attnd_observe_metrics(srv->obs), len, 0);
-    }
     if (req == NULL) {
         slot_send_error(sl, id, code, text);
         return;
@@ -333,6 +355,163 @@ static void server_slot_cb(void *arg)
         return;
     }
     slot_on_request(sl);
+}
+
+/* ---------------------------------------------------------------- shared-memory channels */
+
+/* One request taken from a channel slot, until its reply is written there. */
+typedef struct chan_call {
+    attnd_server *srv;
+    uint32_t channel, slot;
+    attnd_metrics_req req_type;
+    uint64_t t_recv_ns;
+    attnd_ops_reply reply;
+} chan_call;
+
+/* Pack rep into the slot; a reply past the slot's area becomes a small error that says so
+ * (the request ran: the client must not resend it blindly). */
+static void chan_write(attnd_server *srv, uint32_t channel, uint32_t slot, Attnd__Reply *rep)
+{
+    uint8_t stack[1024], *buf = stack;
+    char msg[160];
+    Attnd__Reply small = ATTND__REPLY__INIT;
+    size_t n = attnd__reply__get_packed_size(rep);
+    uint32_t cap = attnd_channels_rep_bytes(srv->ops->channels, channel);
+    if (n > cap || (n > sizeof stack && (buf = malloc(n)) == NULL)) {
+        snprintf(msg, sizeof msg, "reply: %zu bytes %s (the request ran)", n,
+                 n > cap ? "exceed the channel's reply area" : "cannot be allocated");
+        small.id = rep->id;
+        small.code = n > cap ? ATTND_ERR_INTERNAL : ATTND_ERR_NO_MEMORY;
+        small.message = msg;
+        rep = &small;
+        n = attnd__reply__get_packed_size(rep);
+        buf = stack;
+    }
+    attnd__reply__pack(rep, buf);
+    if (attnd_channels_reply(srv->ops->channels, channel, slot, buf, n) != ATTND_ERR_OK)
+        ATTND_LOG(srv->log, ATTND_LOG_DEBUG, "event=channel_reply_lost channel=%u slot=%u", channel,
+                  slot);
+    if (buf != stack) free(buf);
+}
+
+static void chan_send(chan_call *cc, Attnd__Reply *rep)
+{
+    attnd_server *srv = cc->srv;
+    server_count_reply(srv, cc->req_type, rep->code, cc->t_recv_ns,
+                       attnd__reply__get_packed_size(rep));
+    chan_write(srv, cc->channel, cc->slot, rep);
+    atomic_fetch_sub(&srv->busy, 1);
+}
+
+static void chan_done_cb(void *arg, attnd_ops_reply *r)
+{
+    chan_call *cc = arg;
+    chan_send(cc, &r->reply);
+    attnd_ops_reply_fini(r);
+    free(cc);
+}
+
+static void chan_fail(chan_call *cc, uint64_t id, attnd_err code, const char *msg)
+{
+    Attnd__Reply rep = ATTND__REPLY__INIT;
+    rep.id = id;
+    rep.code = (uint32_t)code;
+    rep.message = (char *)msg;
+    chan_send(cc, &rep);
+    free(cc);
+}
+
+/* What a channel may carry: everything but the socket's own business. */
+static const char *chan_refused(const Attnd__Request *req, const attnd_channel_req *cr, char *msg,
+                                size_t n)
+{
+    switch (req->body_case) {
+    case ATTND__REQUEST__BODY_HELLO:
+    case ATTND__REQUEST__BODY_OPEN_CHANNEL:
+    case ATTND__REQUEST__BODY_CLOSE_CHANNEL:
+    case ATTND__REQUEST__BODY_WAKE_CHANNEL:
+        snprintf(msg, n, "body: %u is served on the socket only", (unsigned)req->body_case);
+        return msg;
+    default:
+        break;
+    }
+    if (req->session != cr->session) {
+        snprintf(msg, n, "session: %llu is not the channel's (%llu)",
+                 (unsigned long long)req->session, (unsigned long long)cr->session);
+        return msg;
+    }
+    return NULL;
+}
+
+static void server_channel_req_cb(void *arg, const attnd_channel_req *cr)
+{
+    attnd_server *srv = arg;
+    char text[160];
+    uint64_t id = 0;
+    attnd_err code = ATTND_ERR_PROTOCOL;
+    Attnd__Request *req = NULL;
+    chan_call *cc = calloc(1, sizeof *cc);
+    server_count_request(srv, cr->len);
+    if (cc == NULL) {
+        chan_call tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.srv = srv;
+        tmp.channel = cr->channel;
+        tmp.slot = cr->slot;
+        Attnd__Reply rep = ATTND__REPLY__INIT;
+        rep.code = ATTND_ERR_NO_MEMORY;
+        rep.message = (char *)"request: out of memory";
+        chan_send(&tmp, &rep);
+        return;
+    }
+    cc->srv = srv;
+    cc->channel = cr->channel;
+    cc->slot = cr->slot;
+    cc->req_type = ATTND_METRICS_REQ_INVALID;
+    cc->t_recv_ns = attnd_metrics_now_ns();
+    if (cr->bytes == NULL) {
+        snprintf(text, sizeof text, "request: req_len %zu out of 1..req_bytes", cr->len);
+        chan_fail(cc, 0, ATTND_ERR_PROTOCOL, text);
+        return;
+    }
+    if ((req = attnd_server_decode(cr->bytes, cr->len, &id, &code, text, sizeof text)) == NULL) {
+        chan_fail(cc, id, code, text);
+        return;
+    }
+    cc->req_type = attnd_metrics_req_from_field((uint32_t)req->body_case);
+    /* draining serves what channels carry: a posted request was sent, as one the socket
+     * received before the drain; the executor stops once nothing is in flight */
+    const char *refused = chan_refused(req, cr, text, sizeof text);
+    if (refused) {
+        attnd__request__free_unpacked(req, NULL);
+        chan_fail(cc, id, ATTND_ERR_INVALID_ARGUMENT, refused);
+        return;
+    }
+    attnd_ops_reply_init(&cc->reply, id);
+    attnd_ops_handle(srv->ops, req, cr->pipe, 0, &cc->reply);
+    attnd__request__free_unpacked(req, NULL);
+    if (cc->reply.fence != NULL)
+        attnd_ops_defer(srv->ops, &cc->reply, chan_done_cb, cc);
+    else
+        chan_done_cb(cc, &cc->reply);
+}
+
+/* The executor's poller: replies whose kernels finished, then requests posted in channels. */
+static uint32_t server_poll_cb(void *arg, int *inflight)
+{
+    attnd_server *srv = arg;
+    uint32_t n = attnd_ops_poll(srv->ops);
+    if (srv->ops->channels)
+        n += attnd_channels_poll(srv->ops->channels, server_channel_req_cb, srv);
+    *inflight = attnd_ops_inflight(srv->ops) != 0;
+    return n;
+}
+
+static int server_idle_cb(void *arg, int awake)
+{
+    attnd_server *srv = arg;
+    if (srv->ops->channels == NULL) return 0;
+    return attnd_channels_set_polling(srv->ops->channels, awake) && !awake;
 }
 
 /* ---------------------------------------------------------------- connections */
@@ -457,6 +636,8 @@ attnd_err attnd_server_alloc(attnd_server **out, const attnd_config *cfg, attnd_
     pthread_mutex_init(&srv->pipes_mu, NULL);
     srv->nslots = cfg->server.workers;
     srv->queue_depth = cfg->server.queue_depth;
+    attnd_exec_poller poller = {srv, server_poll_cb, server_idle_cb};
+    attnd_exec_set_poller(ex, &poller, cfg->server.spin_us);
     srv->slots = calloc(srv->nslots, sizeof *srv->slots);
     if (srv->slots == NULL) {
         pthread_mutex_destroy(&srv->pipes_mu);

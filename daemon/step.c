@@ -171,6 +171,25 @@ static int32_t index_slot_pick(attnd_ops *o)
     return best;
 }
 
+/* Upload a plan's arrays into index slot `slot` without waiting for the kernels queued before
+ * (they may still read the slot's last owner; the copy runs after them, in stream order), so
+ * the executor keeps the GPU fed across steps. The slot's page-locked staging is rewritten only
+ * once its previous upload ran. */
+static attnd_err index_upload(attnd_ops *o, int32_t slot, void *dst, const void *src, size_t bytes)
+{
+    attnd_err rv = ATTND_ERR_OK;
+    void *host = (char *)o->index_host + (size_t)slot * o->index_slot_bytes;
+    if (o->index_fence[slot] != NULL &&
+        attnd_device_fence_query(o->be, o->index_fence[slot]) == ATTND_ERR_TIMEOUT)
+        rv = attnd_backend_sync(o->be);
+    attnd_device_fence_release(o->be, o->index_fence[slot]);
+    o->index_fence[slot] = NULL;
+    if (rv != ATTND_ERR_OK) return rv;
+    memcpy(host, src, bytes);
+    if ((rv = attnd_device_upload(o->be, dst, host, bytes)) != ATTND_ERR_OK) return rv;
+    return attnd_device_fence_record(o->be, &o->index_fence[slot]);
+}
+
 /* Make st's index arrays readable by the backend: host backends read the plan in place; device
  * backends keep them in a slot uploaded at BeginStep (once per step, not per layer) and upload
  * again only when more steps are open than there are slots and st's slot was reused. */
@@ -197,8 +216,7 @@ static attnd_err step_index(attnd_ops *o, attnd_step *st)
     void *dst = (char *)o->index_dev + (size_t)slot * o->index_slot_bytes;
     if (o->index_owner[slot] != NULL) o->index_owner[slot]->slot = -1;
     o->index_owner[slot] = NULL;
-    if ((rv = attnd_backend_memcpy(o->be, dst, st->ws, bytes, ATTND_MEMCPY_H2D)) != ATTND_ERR_OK)
-        return rv;
+    if ((rv = index_upload(o, slot, dst, st->ws, bytes)) != ATTND_ERR_OK) return rv;
     o->index_owner[slot] = st;
     o->index_used[slot] = ++o->index_clock;
     st->slot = slot;
@@ -414,8 +432,32 @@ static void clock_report(const attnd_ops *o, const kernel_clock *kc)
             attnd_metrics_kernel(o->metrics, (attnd_metrics_kernel_kind)k, kc->ns[k], kc->bytes[k]);
 }
 
+/* The reply waits for the kernels: with device-resident tensors only (no host copies to
+ * make after them) it is deferred behind a fence, and the executor queues the next request
+ * meanwhile; otherwise wait here. */
+static attnd_err attend_finish(attnd_ops *o, int host_views, kernel_clock *kc, attnd_ops_reply *r)
+{
+    attnd_err rv;
+    if (!host_views && attnd_backend_is_device(o->be) &&
+        attnd_device_fence_record(o->be, &r->fence) == ATTND_ERR_OK) {
+        clock_report(o, kc);
+        r->fence_what = kc->last == ATTND_METRICS_KERNEL_PAGED_3D   ? "paged_attention_3d"
+                        : kc->last == ATTND_METRICS_KERNEL_PAGED_2D ? "paged_attention_2d"
+                                                                    : "cache_write";
+        r->fence_kind = kc->last;
+        r->fence_t_ns = attnd_metrics_now_ns();
+        return ATTND_ERR_OK;
+    }
+    /* the reply tells the client its output is ready: wait for the device */
+    if ((rv = attnd_backend_sync(o->be)) != ATTND_ERR_OK)
+        return attnd_ops_kernel_fail(o, r, rv, "sync");
+    clock_mark(kc, kc->last, 0); /* the device wait belongs to the last kernel queued */
+    clock_report(o, kc);
+    return ATTND_ERR_OK;
+}
+
 static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const attend_io *io,
-                            attnd_ops_reply *r)
+                            int host_views, attnd_ops_reply *r)
 {
     attnd_cache_write_params cw = {0};
     int64_t nt[1] = {st->plan.num_tokens};
@@ -449,12 +491,7 @@ static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const 
                                               : ATTND_METRICS_KERNEL_PAGED_2D,
                    tensor_bytes(&p.q) + tensor_bytes(&p.out) + launch_kv_bytes(o, l));
     }
-    /* the reply tells the client its output is ready: wait for the device */
-    if ((rv = attnd_backend_sync(o->be)) != ATTND_ERR_OK)
-        return attnd_ops_kernel_fail(o, r, rv, "sync");
-    clock_mark(&kc, kc.last, 0); /* the device wait belongs to the last kernel queued */
-    clock_report(o, &kc);
-    return ATTND_ERR_OK;
+    return attend_finish(o, host_views, &kc, r);
 }
 
 static attnd_err attend_index(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
@@ -483,7 +520,7 @@ attnd_err attnd_step_attend(attnd_ops *o, attnd_session *s, const Attnd__Attend 
     if ((rv = attend_resolve(o, st, m, &hr, &io, r)) == ATTND_ERR_OK &&
         (rv = attend_index(o, st, r)) == ATTND_ERR_OK &&
         (rv = attnd_ops_stage_in(o, r, &hr, staged, 5)) == ATTND_ERR_OK &&
-        (rv = attend_run(o, st, m->layer, &io, r)) == ATTND_ERR_OK &&
+        (rv = attend_run(o, st, m->layer, &io, hr.nhost != 0, r)) == ATTND_ERR_OK &&
         (rv = attnd_ops_stage_out(o, r, &hr)) == ATTND_ERR_OK)
         attnd_ops_take_outputs(r, &hr);
     attnd_handles_req_fini(&hr);

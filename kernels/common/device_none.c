@@ -43,6 +43,49 @@ void attnd_device_ipc_close(attnd_backend *b, void *ptr)
     (void)b;
     (void)ptr;
 }
+
+attnd_err attnd_device_host_alloc(attnd_backend *b, size_t bytes, void **ptr)
+{
+    (void)b;
+    (void)bytes;
+    *ptr = NULL;
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+void attnd_device_host_free(attnd_backend *b, void *ptr)
+{
+    (void)b;
+    (void)ptr;
+}
+
+attnd_err attnd_device_upload(attnd_backend *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+attnd_err attnd_device_fence_record(attnd_backend *b, attnd_fence **fence)
+{
+    (void)b;
+    *fence = NULL;
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+attnd_err attnd_device_fence_query(attnd_backend *b, attnd_fence *fence)
+{
+    (void)b;
+    (void)fence;
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence)
+{
+    (void)b;
+    (void)fence;
+}
 #else
 typedef int attnd_device_none_unused; /* the cuda build implements these in device.cu */
 #endif

@@ -47,6 +47,12 @@ static void cuda_close(attnd_backend *b)
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     cudaStreamDestroy(c->stream);
+    while (c->fences != NULL) {
+        attnd_fence *f = c->fences;
+        c->fences = f->next;
+        cudaEventDestroy(f->event);
+        free(f);
+    }
     free(c);
 }
 

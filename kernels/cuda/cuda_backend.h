@@ -11,8 +11,15 @@ typedef struct attnd_cuda {
     int device;
     cudaStream_t stream;
     int num_sms;
-    int max_smem_optin; /* bytes of shared memory a block may opt into */
+    int max_smem_optin;         /* bytes of shared memory a block may opt into */
+    struct attnd_fence *fences; /* released fences, for reuse (device.cu) */
 } attnd_cuda;
+
+/* A fence is a timing-free CUDA event; released ones wait in attnd_cuda.fences. */
+struct attnd_fence {
+    cudaEvent_t event;
+    struct attnd_fence *next;
+};
 
 static inline attnd_cuda *attnd_cuda_of(attnd_backend *b)
 {
@@ -37,8 +44,8 @@ static inline attnd_err attnd_cuda_check_launch(attnd_backend *b, const char *ke
 extern "C" {
 #endif
 attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_params *p);
-attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_params *p,
-                              int32_t num_segments, void *workspace);
+attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_params *p, int32_t num_segments,
+                              void *workspace);
 attnd_err attnd_cuda_cache_write(attnd_backend *b, const attnd_cache_write_params *p);
 attnd_err attnd_cuda_merge_states(attnd_backend *b, const attnd_merge_params *p);
 attnd_err attnd_cuda_varlen(attnd_backend *b, const attnd_varlen_params *p);

@@ -1,6 +1,7 @@
 // Device support calls for the daemon (kernels.h, "device"): properties, free memory, thread
 // binding, memset, and CUDA IPC. Each one checks that the backend is the cuda one first.
 #include <cuda.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_backend.h"
@@ -124,4 +125,79 @@ extern "C" void attnd_device_ipc_close(attnd_backend *b, void *ptr)
     if (ptr == NULL || device_cuda(b, &c) != ATTND_ERR_OK) return;
     cudaSetDevice(c->device);
     cudaIpcCloseMemHandle(ptr);
+}
+
+extern "C" attnd_err attnd_device_host_alloc(attnd_backend *b, size_t bytes, void **ptr)
+{
+    attnd_cuda *c;
+    *ptr = NULL;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    if (cudaMallocHost(ptr, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = NULL;
+        snprintf(b->last_error, sizeof b->last_error, "cudaMallocHost(%zu): out of memory", bytes);
+        return ATTND_ERR_NO_MEMORY;
+    }
+    return ATTND_ERR_OK;
+}
+
+extern "C" void attnd_device_host_free(attnd_backend *b, void *ptr)
+{
+    attnd_cuda *c;
+    if (ptr != NULL && device_cuda(b, &c) == ATTND_ERR_OK) cudaFreeHost(ptr);
+}
+
+extern "C" attnd_err attnd_device_upload(attnd_backend *b, void *dst, const void *src,
+                                         size_t bytes)
+{
+    attnd_cuda *c;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    return attnd_cuda_check(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream),
+                            "cudaMemcpyAsync (upload)");
+}
+
+extern "C" attnd_err attnd_device_fence_record(attnd_backend *b, attnd_fence **fence)
+{
+    attnd_cuda *c;
+    *fence = NULL;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    attnd_fence *f = c->fences;
+    if (f != NULL) {
+        c->fences = f->next;
+    } else {
+        if ((f = (attnd_fence *)calloc(1, sizeof *f)) == NULL) return ATTND_ERR_NO_MEMORY;
+        rv = attnd_cuda_check(b, cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming),
+                              "cudaEventCreate");
+        if (rv != ATTND_ERR_OK) {
+            free(f);
+            return rv;
+        }
+    }
+    if ((rv = attnd_cuda_check(b, cudaEventRecord(f->event, c->stream), "cudaEventRecord"))) {
+        attnd_device_fence_release(b, f);
+        return rv;
+    }
+    *fence = f;
+    return ATTND_ERR_OK;
+}
+
+extern "C" attnd_err attnd_device_fence_query(attnd_backend *b, attnd_fence *fence)
+{
+    attnd_cuda *c;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    cudaError_t e = cudaEventQuery(fence->event);
+    if (e == cudaErrorNotReady) return ATTND_ERR_TIMEOUT;
+    return attnd_cuda_check(b, e, "kernel completion");
+}
+
+extern "C" void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence)
+{
+    attnd_cuda *c;
+    if (fence == NULL || device_cuda(b, &c) != ATTND_ERR_OK) return;
+    fence->next = c->fences;
+    c->fences = fence;
 }

@@ -13,10 +13,12 @@
  *   - the CUDA ops called directly here on the same device tensors, replaying the daemon's plan
  *     (tests/support/step_mirror.c): bit-identical, out and LSE;
  *   - the cpu backend on the same inputs: relative L2 within attnd_tol_for(bf16) (LSE 1e-3).
- * Outputs are poisoned (NaN) before each request. Then: the same Attend through host shm and
- * INLINE outputs (staged by the daemon) gives the same bits; a bad IPC handle, a region larger
- * than its allocation, a reference past the region's end and an unknown region get errors (and
- * the daemon keeps serving); a cpu daemon refuses CUDA_IPC with UNSUPPORTED.
+ * Steps 0..49 travel over the shared-memory channel the client opens on ipc://, steps 50..100
+ * over the socket. Outputs are poisoned (NaN) before each request. Then: the same Attend through
+ * host shm and INLINE outputs (staged by the daemon) gives the same bits; a bad IPC handle, a
+ * region larger than its allocation, a reference past the region's end and an unknown region get
+ * errors (and the daemon keeps serving); a cpu daemon refuses CUDA_IPC with UNSUPPORTED; and
+ * several clients at once get bit for bit what one gets alone (e2e_concurrent.c).
  *
  * Prints "gpu_daemon_e2e: N passed, M failed"; exit status 1 on any failure. */
 #include <cuda_runtime.h>
@@ -28,6 +30,7 @@
 #include "attnd/client.h"
 #include "attnd/kernels.h"
 #include "daemon_proc.h"
+#include "e2e_concurrent.h"
 #include "step_mirror.h"
 #include "testutil.h"
 
@@ -184,6 +187,8 @@ static int worker_open(worker *w, const attnd_daemon_proc *d)
            info.backend, info.geometry.num_blocks, info.blocks_free);
     check(w, info.geometry.num_blocks != 1024 && info.geometry.num_blocks >= 128,
           "gpu_memory_fraction sizes num_blocks (reported in Hello)");
+    check(w, attnd_client_channel_active(w->c),
+          "the client opened a shared-memory channel on ipc:// (steps 0..49 use it)");
     w->region = attnd_client_region_next_id(w->c);
     attnd_err rv = attnd_client_region_register_cuda(w->c, w->region, &w->handle, w->dbytes, 0);
     check(w, rv == ATTND_ERR_OK, "register the worker's cudaMalloc'd buffer (CUDA_IPC)");
@@ -475,6 +480,9 @@ static void run_step(worker *w, int step, float scale, double *worst)
     double eo = 0, el = 0;
     if (step == 20) w->nseqs = 7;
     if (step == 50) w->nseqs = 8;
+    if (step == 50)
+        check(w, attnd_client_channel_close(w->c) == ATTND_ERR_OK,
+              "channel closed: steps 50..100 go over the socket");
     step_plan_in(w, step, &in);
     if (plan_step(w, &in, &plan, &ws) < 0 || begin_step(w, &in, &st, &plan) != 0) {
         check(w, 0, "begin step (daemon and local plan agree)");
@@ -567,9 +575,11 @@ int main(void)
     if (attnd_daemon_start(&gpu_d, CONFIG) != 0) return 1;
     if (attnd_daemon_start(&cpu_d, ATTND_TEST_CONFIG_SMALL) != 0) return 1;
     if (worker_open(&w, &gpu_d) == 0) {
+        char report[320];
         check_bad_handles(&w);
         run_steps(&w);
         check_cpu_daemon(&w, &cpu_d);
+        check(&w, attnd_e2e_concurrent(&gpu_d, report, sizeof report) == 0, report);
     }
     attnd_client_free(w.c);
     print_daemon_events(&gpu_d);

@@ -16,6 +16,12 @@
  * NNG context, replies are matched to their requests). Configure (timeout, hello) before sharing.
  * Regions, sequences and steps belong to the client's session; another client cannot name them.
  *
+ * Same host: attnd_client_connect to an ipc:// URL also opens a shared-memory channel (a POSIX
+ * shm object the daemon maps too). BeginStep, Attend (without INLINE outputs), EndStep and the
+ * sequence create / fork / free calls then travel through it, skipping the socket's thread
+ * hand-offs; the caller spins for its reply, then sleeps on a futex. Every other call, and all
+ * of them when the channel could not be opened, takes the socket; results are the same.
+ *
  * Tensors travel by reference (attnd_ref): a region registered with the daemon plus an offset,
  * usually a POSIX shared-memory object made by attnd_client_shm_create, or INLINE (the bytes ride
  * in the message; an inline output is copied back from the reply into the caller's buffer).
@@ -43,6 +49,12 @@ extern "C" {
 #define ATTND_CLIENT_PROTOCOL_VERSION 1
 /* Send + receive budget of one call when attnd_client_opts.timeout_ms is 0. */
 #define ATTND_CLIENT_DEFAULT_TIMEOUT_MS 10000
+/* Slots of the shared-memory channel when attnd_client_opts.channel_slots is 0: calls that can
+ * be in flight on it at once (more take the socket). */
+#define ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS 8
+/* How long a call spins on its channel reply before it sleeps, when attnd_client_opts.spin_us
+ * is 0. */
+#define ATTND_CLIENT_DEFAULT_SPIN_US 2000
 /* Most dims a tensor reference carries (as the kernels' ATTND_MAX_DIMS). */
 #define ATTND_REF_MAX_DIMS 4
 
@@ -52,6 +64,12 @@ typedef struct attnd_client_opts {
     const char *name;   /* Hello.client_name; NULL = "attnd-client" */
     const char *token;  /* Hello.token, when the daemon requires one; NULL = none */
     int32_t timeout_ms; /* per call; 0 = ATTND_CLIENT_DEFAULT_TIMEOUT_MS, -1 = wait forever */
+    /* same-host shared-memory channel, opened by attnd_client_connect for ipc:// URLs: 0 =
+     * default (ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS = 8), -1 = never */
+    int32_t channel_slots;
+    /* how long a call spins on its channel reply before sleeping: 0 = default
+     * (ATTND_CLIENT_DEFAULT_SPIN_US = 2000), -1 = sleep at once */
+    int32_t spin_us;
 } attnd_client_opts;
 
 /* The daemon's fixed geometry (HelloReply.geometry, StatusReply.geometry). */
@@ -155,7 +173,7 @@ typedef struct attnd_shm {
 ATTND_CLIENT_API attnd_err attnd_client_alloc(attnd_client **c, const attnd_client_opts *opts);
 /* Close the socket and free the client (NULL is ignored). Regions made with
  * attnd_client_shm_create must be destroyed first; the daemon reclaims the session's sequences
- * when the connection drops. */
+ * and drops its channel when the connection drops (no CloseChannel is sent). */
 ATTND_CLIENT_API void attnd_client_free(attnd_client *c);
 /* For tls+tcp:// URLs, before dialing: the PEM file of the CA(s) that must have signed the
  * daemon's certificate (required: the daemon is always verified) and the name to check the
@@ -171,7 +189,9 @@ ATTND_CLIENT_API attnd_err attnd_client_dial(attnd_client *c, const char *url);
 /* Send Hello and open a session; info (may be NULL) receives the reply, which the client also
  * keeps (attnd_client_server). */
 ATTND_CLIENT_API attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info);
-/* attnd_client_dial then attnd_client_hello. */
+/* attnd_client_dial then attnd_client_hello; for an ipc:// URL then also
+ * attnd_client_channel_open (unless opts.channel_slots is -1). A channel that cannot be opened
+ * does not fail the connect: calls take the socket, and attnd_client_channel_error says why. */
 ATTND_CLIENT_API attnd_err attnd_client_connect(attnd_client *c, const char *url,
                                                 attnd_server_info *info);
 /* The HelloReply of the open session, or NULL before attnd_client_hello succeeded. */
@@ -191,6 +211,23 @@ ATTND_CLIENT_API int attnd_client_last_error_remote(const attnd_client *c);
 ATTND_CLIENT_API size_t attnd_client_last_error_copy(const attnd_client *c, char *buf, size_t len);
 /* StatusRequest; works without a session (after attnd_client_dial). */
 ATTND_CLIENT_API attnd_err attnd_client_status(attnd_client *c, attnd_status *st);
+
+/* ---------------------------------------------------------------- shared-memory channel */
+
+/* Open the same-host channel (after Hello; the daemon must run on this host): a shm object of
+ * `slots` slots (0 = ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS, at most 64), registered with
+ * OpenChannel, its name unlinked at once. Not while calls are in flight. ALREADY_EXISTS when one
+ * is open, INVALID_ARGUMENT (slots), UNAVAILABLE (no session), NO_MEMORY / INTERNAL (local system
+ * calls), or the daemon's refusal (e.g. UNAVAILABLE: channels off or all in use). */
+ATTND_CLIENT_API attnd_err attnd_client_channel_open(attnd_client *c, int32_t slots);
+/* Close the channel (CloseChannel when the daemon still has it) and unmap it; later calls take
+ * the socket. OK when there is none. Not while calls are in flight. */
+ATTND_CLIENT_API attnd_err attnd_client_channel_close(attnd_client *c);
+/* 1 while calls go through a channel; 0 when none was opened, or the daemon closed it (a call
+ * then failed with UNAVAILABLE "channel: closed by the daemon"). */
+ATTND_CLIENT_API int attnd_client_channel_active(const attnd_client *c);
+/* Why attnd_client_connect opened no channel ("" when it did, or did not try). */
+ATTND_CLIENT_API const char *attnd_client_channel_error(const attnd_client *c);
 
 /* ---------------------------------------------------------------- regions */
 

@@ -113,14 +113,17 @@ class Region:
 
 class Client:
     """One connection and session (attnd_client) to url: ipc://PATH, tcp://HOST:PORT, or
-    tls+tcp://HOST:PORT with tls_ca_file. Use one Client per Python thread."""
+    tls+tcp://HOST:PORT with tls_ca_file. Use one Client per Python thread. For ipc:// URLs the
+    per-step calls go through a shared-memory channel: channel_slots (0 = default, -1 = never)
+    and spin_us (how long a call spins on its reply before sleeping; 0 = default, -1 = none)."""
 
     def __init__(self, url=DEFAULT_URL, name="attnd-python", token=None, timeout_ms=0, lib=None,
-                 tls_ca_file=None, tls_server_name=None):
+                 tls_ca_file=None, tls_server_name=None, channel_slots=0, spin_us=0):
         self._lib = _lib.load(lib)
         self._c = ctypes.c_void_p()
         self._regions = []
-        opts = _lib.Opts(name.encode(), token.encode() if token else None, timeout_ms)
+        opts = _lib.Opts(name.encode(), token.encode() if token else None, timeout_ms,
+                         channel_slots, spin_us)
         rv = self._lib.attnd_client_alloc(ctypes.byref(self._c), ctypes.byref(opts))
         if rv != 0:
             raise AttndError(rv, self._lib.attnd_err_name(rv).decode(), "client alloc", False)

@@ -13,7 +13,8 @@ DTYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16", FP8_E4M3: "fp8_e4m3", I32: 
 
 class Opts(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int32)]
+                ("timeout_ms", ctypes.c_int32), ("channel_slots", ctypes.c_int32),
+                ("spin_us", ctypes.c_int32)]
 
 
 class Geometry(ctypes.Structure):

@@ -269,6 +269,26 @@ attnd_err attnd_device_ipc_open(attnd_backend *b, const void *handle, void **ptr
 /* Close what attnd_device_ipc_open mapped (NULL is ignored). */
 void attnd_device_ipc_close(attnd_backend *b, void *ptr);
 
+/* Page-locked host memory (what attnd_device_upload copies from without waiting). */
+attnd_err attnd_device_host_alloc(attnd_backend *b, size_t bytes, void **ptr);
+void attnd_device_host_free(attnd_backend *b, void *ptr);
+/* Queue a copy of bytes of page-locked host memory at src (attnd_device_host_alloc) to device
+ * memory at dst on the backend's stream, behind the work queued before it, and return at once:
+ * src must stay as it is until the copy ran (a fence recorded after it passed). INTERNAL. */
+attnd_err attnd_device_upload(attnd_backend *b, void *dst, const void *src, size_t bytes);
+
+/* Fences: mark the work queued on the backend's stream so far, to learn later, without
+ * waiting, whether it finished (the daemon replies when a request's kernels are done while it
+ * queues the next request's). A fence comes from a pool; release it once done with. */
+typedef struct attnd_fence attnd_fence;
+/* Record a fence after the work queued so far. INTERNAL (a CUDA error), NO_MEMORY. */
+attnd_err attnd_device_fence_record(attnd_backend *b, attnd_fence **fence);
+/* OK: the work before it finished; TIMEOUT: not yet; INTERNAL: the work failed (last_error
+ * says how). Never waits. */
+attnd_err attnd_device_fence_query(attnd_backend *b, attnd_fence *fence);
+/* Back to the pool (NULL is ignored). */
+void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence);
+
 /* Backend tables (cuda only when compiled with it). */
 extern const attnd_backend_ops attnd_cpu_backend_ops;
 #ifdef ATTND_HAVE_CUDA

@@ -1,0 +1,428 @@
+/* Same-host shared-memory channel, the client's side (proto/attnd_channel.h has the layout and
+ * the protocols): make and register the object, post per-layer requests in its slots and wait
+ * for their replies, spinning first, then asleep on a futex. Everything else, and every
+ * request that does not fit a slot, takes the socket. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attnd_channel.h"
+#include "client_int.h"
+
+/* How long one futex wait lasts at most: a lost connection or a closed channel is noticed within
+ * it, since neither wakes the futex. */
+#define WAIT_SLICE_NS 5000000LL
+
+struct attnd_client_chan {
+    void *base;
+    size_t size;
+    uint32_t id; /* the daemon's */
+    uint32_t nslots, req_bytes, rep_bytes;
+    int64_t spin_ns;
+    _Atomic uint64_t busy;  /* slots claimed by a call, or stale */
+    _Atomic uint64_t stale; /* slots whose call gave up: free again once rep_seq == req_seq */
+    _Atomic int active;     /* 0 once the daemon closed it */
+    char name[64];
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static attnd_channel_header *chan_header(const attnd_client_chan *ch)
+{
+    return (attnd_channel_header *)ch->base;
+}
+
+static attnd_channel_slot *chan_slot(const attnd_client_chan *ch, uint32_t i)
+{
+    return attnd_channel_slot_at(ch->base, i);
+}
+
+int attnd_client_chan_active(const attnd_client_chan *ch)
+{
+    return ch != NULL && atomic_load_explicit(&ch->active, memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------- open / close */
+
+static uint32_t round64(uint64_t v)
+{
+    if (v > ATTND_CHANNEL_MAX_AREA) v = ATTND_CHANNEL_MAX_AREA;
+    return (uint32_t)((v + ATTND_CHANNEL_ALIGN - 1) / ATTND_CHANNEL_ALIGN * ATTND_CHANNEL_ALIGN);
+}
+
+/* Areas sized for the session's largest BeginStep (seqs of 24 bytes at most on the wire) and its
+ * reply (query_start_loc: max_seqs + 1 varints of up to 6 bytes). */
+static void chan_sizes(attnd_client_chan *ch, const attnd_limits *l)
+{
+    uint64_t req = 64 + 24 * (uint64_t)l->max_seqs, rep = 64 + 6 * ((uint64_t)l->max_seqs + 1);
+    ch->req_bytes = round64(req > 4096 ? req : 4096);
+    ch->rep_bytes = round64(rep > 4096 ? rep : 4096);
+}
+
+/* shm_open a new, exclusive object named into ch->name. Returns the fd or -1. */
+static int chan_shm_create(attnd_client_chan *ch)
+{
+    /* unique within the process: the live object's address; pid and a clock-based salt do
+     * the rest (no process-wide counter: the library keeps no global state) */
+    struct timespec ts;
+    for (int attempt = 0; attempt < 16; attempt++) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        snprintf(ch->name, sizeof ch->name, "/attnd-ch-%ld-%lx-%lx", (long)getpid(),
+                 (unsigned long)(uintptr_t)ch,
+                 (unsigned long)(ts.tv_nsec ^ ((unsigned long)attempt << 24)));
+        int fd = shm_open(ch->name, O_RDWR | O_CREAT | O_EXCL, 0660);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+/* Create, size and map the object and write its header (no daemon involved). */
+static attnd_err chan_map_new(attnd_client *c, attnd_client_chan *ch)
+{
+    int fd = chan_shm_create(ch);
+    attnd_channel_header *h;
+    if (fd < 0)
+        return attnd_client_fail(c, ATTND_ERR_INTERNAL, "channel: shm_open %s: %s", ch->name,
+                                 strerror(errno));
+    attnd_client_shm_share(c, fd);
+    ch->size = (size_t)attnd_channel_size(ch->nslots, ch->req_bytes, ch->rep_bytes);
+    if (ftruncate(fd, (off_t)ch->size) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(ch->name);
+        return attnd_client_fail(c, e == ENOSPC ? ATTND_ERR_NO_MEMORY : ATTND_ERR_INTERNAL,
+                                 "channel: ftruncate %s to %zu bytes: %s", ch->name, ch->size,
+                                 strerror(e));
+    }
+    ch->base = mmap(NULL, ch->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (ch->base == MAP_FAILED) {
+        int e = errno;
+        ch->base = NULL;
+        shm_unlink(ch->name);
+        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "channel: mmap %s (%zu bytes): %s",
+                                 ch->name, ch->size, strerror(e));
+    }
+    h = chan_header(ch);
+    h->magic = ATTND_CHANNEL_MAGIC;
+    h->version = ATTND_CHANNEL_VERSION;
+    h->nslots = ch->nslots;
+    h->req_bytes = ch->req_bytes;
+    h->rep_bytes = ch->rep_bytes;
+    return ATTND_ERR_OK;
+}
+
+/* OpenChannel on the socket: the daemon maps the object and names the channel. */
+static attnd_err chan_register(attnd_client *c, attnd_client_chan *ch)
+{
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__OpenChannel m = ATTND__OPEN_CHANNEL__INIT;
+    Attnd__Reply *rep;
+    attnd_err rv;
+    m.shm_name = ch->name;
+    m.size = ch->size;
+    req.body_case = ATTND__REQUEST__BODY_OPEN_CHANNEL;
+    req.open_channel = &m;
+    if ((rv = attnd_client_rpc(c, &req, &rep)) != ATTND_ERR_OK) return rv;
+    if (rep->body_case != ATTND__REPLY__BODY_CHANNEL || rep->channel->channel == 0)
+        rv = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "open_channel: reply without a channel");
+    else
+        ch->id = rep->channel->channel;
+    attnd__reply__free_unpacked(rep, NULL);
+    return rv;
+}
+
+attnd_err attnd_client_chan_open(attnd_client *c, int32_t slots, int32_t spin_us,
+                                 attnd_client_chan **out)
+{
+    const attnd_server_info *si = attnd_client_server(c);
+    attnd_client_chan *ch;
+    attnd_err rv;
+    *out = NULL;
+    if (si == NULL)
+        return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "channel: no session (hello first)");
+    if (slots == 0) slots = ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS;
+    if (slots < 1 || slots > (int32_t)ATTND_CHANNEL_MAX_SLOTS)
+        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "channel_slots: %d out of 1..%u",
+                                 slots, ATTND_CHANNEL_MAX_SLOTS);
+    if ((ch = calloc(1, sizeof *ch)) == NULL)
+        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "channel: out of memory");
+    ch->nslots = (uint32_t)slots;
+    ch->spin_ns =
+        spin_us < 0 ? 0 : (int64_t)(spin_us ? spin_us : ATTND_CLIENT_DEFAULT_SPIN_US) * 1000;
+    chan_sizes(ch, &si->limits);
+    if ((rv = chan_map_new(c, ch)) != ATTND_ERR_OK) goto fail;
+    rv = chan_register(c, ch);
+    /* mapped by both sides now (or refused): drop the name, so nothing outlives the processes */
+    shm_unlink(ch->name);
+    if (rv != ATTND_ERR_OK) goto fail;
+    atomic_store(&ch->active, 1);
+    *out = ch;
+    return ATTND_ERR_OK;
+fail:
+    if (ch->base != NULL) munmap(ch->base, ch->size);
+    free(ch);
+    return rv;
+}
+
+attnd_err attnd_client_chan_close(attnd_client *c, attnd_client_chan *ch, int tell)
+{
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__CloseChannel m = ATTND__CLOSE_CHANNEL__INIT;
+    Attnd__Reply *rep;
+    attnd_err rv = ATTND_ERR_OK;
+    if (ch == NULL) return ATTND_ERR_OK;
+    if (tell && attnd_client_chan_active(ch)) {
+        m.channel = ch->id;
+        req.body_case = ATTND__REQUEST__BODY_CLOSE_CHANNEL;
+        req.close_channel = &m;
+        if ((rv = attnd_client_rpc(c, &req, &rep)) == ATTND_ERR_OK)
+            attnd__reply__free_unpacked(rep, NULL);
+    }
+    munmap(ch->base, ch->size);
+    free(ch);
+    return rv;
+}
+
+/* ---------------------------------------------------------------- slots */
+
+static uint64_t all_slots(const attnd_client_chan *ch)
+{
+    return ch->nslots == 64 ? ~0ull : (1ull << ch->nslots) - 1;
+}
+
+/* Free the stale slots whose late reply has come. 1 when one was freed. */
+static int slots_reclaim(attnd_client_chan *ch)
+{
+    uint64_t stale = atomic_load(&ch->stale);
+    int freed = 0;
+    while (stale != 0) {
+        uint32_t i = (uint32_t)__builtin_ctzll(stale);
+        uint64_t bit = 1ull << i;
+        attnd_channel_slot *s = chan_slot(ch, i);
+        stale &= ~bit;
+        if (atomic_load(&s->rep_seq) != atomic_load_explicit(&s->req_seq, memory_order_relaxed))
+            continue;
+        /* only the thread that clears the stale bit hands the slot back */
+        if (atomic_fetch_and(&ch->stale, ~bit) & bit) {
+            atomic_fetch_and(&ch->busy, ~bit);
+            freed = 1;
+        }
+    }
+    return freed;
+}
+
+/* A free slot, claimed; -1 when all are taken (the call takes the socket). */
+static int slot_claim(attnd_client_chan *ch)
+{
+    uint64_t busy = atomic_load(&ch->busy);
+    for (;;) {
+        uint64_t free = ~busy & all_slots(ch);
+        if (free == 0) {
+            if (!slots_reclaim(ch)) return -1;
+            busy = atomic_load(&ch->busy);
+            continue;
+        }
+        uint64_t bit = free & (~free + 1);
+        if (atomic_compare_exchange_weak(&ch->busy, &busy, busy | bit)) return __builtin_ctzll(bit);
+    }
+}
+
+static void slot_release(attnd_client_chan *ch, uint32_t i)
+{
+    atomic_fetch_and(&ch->busy, ~(1ull << i));
+}
+
+/* The call gave up with its request posted: the slot stays claimed until the daemon answers. */
+static void slot_abandon(attnd_client_chan *ch, uint32_t i)
+{
+    atomic_fetch_or(&ch->stale, 1ull << i);
+}
+
+/* ---------------------------------------------------------------- one call */
+
+/* Requests the channel carries: the per-layer and per-step ones, whose replies are small (an
+ * Attend with an INLINE output has a large one: it takes the socket). */
+static int chan_carries(const Attnd__Request *req)
+{
+    const Attnd__Attend *a;
+    switch (req->body_case) {
+    case ATTND__REQUEST__BODY_BEGIN_STEP:
+    case ATTND__REQUEST__BODY_END_STEP:
+    case ATTND__REQUEST__BODY_CREATE:
+    case ATTND__REQUEST__BODY_FREE:
+    case ATTND__REQUEST__BODY_FORK:
+        return 1;
+    case ATTND__REQUEST__BODY_ATTEND:
+        a = req->attend;
+        return a->out != NULL && a->out->region != 0 &&
+               (a->out_lse == NULL || a->out_lse->region != 0);
+    default:
+        return 0;
+    }
+}
+
+static attnd_err chan_closed(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req)
+{
+    atomic_store(&ch->active, 0);
+    return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "%s: channel: closed by the daemon",
+                             attnd_client_body_name(req->body_case));
+}
+
+/* WakeChannel on the socket: its reply means the daemon polls again. Only a hint: whatever it
+ * gets (a daemon draining may refuse it and still serve the slot), the call waits for its
+ * slot's reply, and a lost connection, a closed channel or the deadline ends that wait. */
+static void chan_wake(attnd_client *c, attnd_client_chan *ch)
+{
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__WakeChannel m = ATTND__WAKE_CHANNEL__INIT;
+    Attnd__Reply *rep;
+    m.channel = ch->id;
+    req.body_case = ATTND__REQUEST__BODY_WAKE_CHANNEL;
+    req.wake_channel = &m;
+    if (attnd_client_rpc(c, &req, &rep) == ATTND_ERR_OK) attnd__reply__free_unpacked(rep, NULL);
+}
+
+/* Write the packed request (len bytes) into slot i and publish it (its seq in *seq); then make
+ * sure the daemon will look (Dekker with its "store ASLEEP, then poll once more"). UNAVAILABLE
+ * when the daemon closed the channel. */
+static attnd_err slot_post(attnd_client *c, attnd_client_chan *ch, uint32_t i,
+                           const Attnd__Request *req, size_t len, uint32_t *seq)
+{
+    attnd_channel_slot *s = chan_slot(ch, i);
+    uint32_t n = atomic_load_explicit(&s->req_seq, memory_order_relaxed) + 1;
+    if (n == 0) n = 1; /* 0 is never posted */
+    attnd__request__pack(
+        req, attnd_channel_req_area(ch->base, ch->nslots, ch->req_bytes, ch->rep_bytes, i));
+    s->req_len = (uint32_t)len;
+    atomic_store(&s->req_seq, n);
+    *seq = n;
+    switch (atomic_load(&chan_header(ch)->daemon_state)) {
+    case ATTND_CHANNEL_DAEMON_POLLING:
+        return ATTND_ERR_OK;
+    case ATTND_CHANNEL_DAEMON_ASLEEP:
+        chan_wake(c, ch);
+        return ATTND_ERR_OK;
+    default:
+        return chan_closed(c, ch, req);
+    }
+}
+
+/* Spin on rep_seq for the spin budget (bounded by the deadline, -1 = none); 1 when it came. */
+static int wait_spin(const attnd_client_chan *ch, attnd_channel_slot *s, uint32_t n,
+                     int64_t deadline)
+{
+    int64_t end = now_ns() + ch->spin_ns;
+    if (deadline >= 0 && deadline < end) end = deadline;
+    for (uint32_t k = 1;; k++) {
+        if (atomic_load_explicit(&s->rep_seq, memory_order_acquire) == n) return 1;
+        if (k % 64 == 0 && now_ns() >= end) return 0;
+        cpu_relax();
+    }
+}
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
+    /* shared (not FUTEX_PRIVATE): the daemon's FUTEX_WAKE comes through its own mapping */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+/* Sleep on rep_seq (client_waiting set, so the daemon wakes us) in slices, watching the
+ * connection, the channel and the deadline. */
+static attnd_err wait_sleep(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
+                            attnd_channel_slot *s, uint32_t n, int64_t deadline)
+{
+    attnd_err rv = ATTND_ERR_OK;
+    atomic_store(&s->client_waiting, 1);
+    for (;;) {
+        uint32_t cur = atomic_load(&s->rep_seq); /* seq_cst: Dekker with the daemon's wake */
+        int64_t t = now_ns(), slice = WAIT_SLICE_NS;
+        if (cur == n) break;
+        if (attnd_client_is_lost(c)) {
+            rv = attnd_client_fail_lost(c, req);
+            break;
+        }
+        if (atomic_load(&chan_header(ch)->daemon_state) == ATTND_CHANNEL_DAEMON_CLOSED) {
+            rv = chan_closed(c, ch, req);
+            break;
+        }
+        if (deadline >= 0 && t >= deadline) {
+            rv = ATTND_ERR_TIMEOUT;
+            break;
+        }
+        if (deadline >= 0 && deadline - t < slice) slice = deadline - t;
+        futex_wait(&s->rep_seq, cur, slice);
+    }
+    atomic_store_explicit(&s->client_waiting, 0, memory_order_relaxed);
+    return rv;
+}
+
+/* Wait for slot i's reply n and decode it. */
+static attnd_err slot_reply(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
+                            uint32_t i, uint32_t n, int64_t deadline, Attnd__Reply **rep)
+{
+    attnd_channel_slot *s = chan_slot(ch, i);
+    const char *what = attnd_client_body_name(req->body_case);
+    attnd_err rv;
+    uint32_t len;
+    if (!wait_spin(ch, s, n, deadline) &&
+        (rv = wait_sleep(c, ch, req, s, n, deadline)) != ATTND_ERR_OK) {
+        if (rv == ATTND_ERR_TIMEOUT)
+            attnd_client_fail(c, rv, "%s: no reply in time (channel %u, slot %u)", what, ch->id, i);
+        return rv;
+    }
+    len = s->rep_len;
+    if (len > ch->rep_bytes)
+        return attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply of %u bytes in a %u-byte slot",
+                                 what, len, ch->rep_bytes);
+    return attnd_client_decode(
+        c, req, attnd_channel_rep_area(ch->base, ch->nslots, ch->req_bytes, ch->rep_bytes, i), len,
+        rep);
+}
+
+int attnd_client_chan_rpc(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
+                          int32_t timeout_ms, attnd_err *rv, Attnd__Reply **rep)
+{
+    int64_t deadline;
+    uint32_t n;
+    size_t len;
+    int i;
+    if (!attnd_client_chan_active(ch) || !chan_carries(req)) return 0;
+    if ((len = attnd__request__get_packed_size(req)) > ch->req_bytes) return 0;
+    if ((i = slot_claim(ch)) < 0) return 0;
+    deadline = timeout_ms < 0 ? -1 : now_ns() + (int64_t)timeout_ms * 1000000;
+    if ((*rv = slot_post(c, ch, (uint32_t)i, req, len, &n)) != ATTND_ERR_OK ||
+        (*rv = slot_reply(c, ch, req, (uint32_t)i, n, deadline, rep)) != ATTND_ERR_OK) {
+        /* a reply that came but did not decode still frees the slot */
+        if (atomic_load(&chan_slot(ch, (uint32_t)i)->rep_seq) == n)
+            slot_release(ch, (uint32_t)i);
+        else
+            slot_abandon(ch, (uint32_t)i);
+        return 1;
+    }
+    slot_release(ch, (uint32_t)i);
+    return 1;
+}
