@@ -80,51 +80,15 @@ static void chan_sizes(attnd_client_chan *ch, const attnd_limits *l)
     ch->rep_bytes = round64(rep > 4096 ? rep : 4096);
 }
 
-/* shm_open a new, exclusive object named into ch->name. Returns the fd or -1. */
-static int chan_shm_create(attnd_client_chan *ch)
-{
-    /* unique within the process: the live object's address; pid and a clock-based salt do
-     * the rest (no process-wide counter: the library keeps no global state) */
-    struct timespec ts;
-    for (int attempt = 0; attempt < 16; attempt++) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        snprintf(ch->name, sizeof ch->name, "/attnd-ch-%ld-%lx-%lx", (long)getpid(),
-                 (unsigned long)(uintptr_t)ch,
-                 (unsigned long)(ts.tv_nsec ^ ((unsigned long)attempt << 24)));
-        int fd = shm_open(ch->name, O_RDWR | O_CREAT | O_EXCL, 0660);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
-
-/* Create, size and map the object and write its header (no daemon involved). */
+/* Create, size and map the object and write its header (no daemon involved). Named by the
+ * live object's address (unique within the process; the library keeps no global counter). */
 static attnd_err chan_map_new(attnd_client *c, attnd_client_chan *ch)
 {
-    int fd = chan_shm_create(ch);
     attnd_channel_header *h;
-    if (fd < 0)
-        return attnd_client_fail(c, ATTND_ERR_INTERNAL, "channel: shm_open %s: %s", ch->name,
-                                 strerror(errno));
-    attnd_client_shm_share(c, fd);
     ch->size = (size_t)attnd_channel_size(ch->nslots, ch->req_bytes, ch->rep_bytes);
-    if (ftruncate(fd, (off_t)ch->size) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(ch->name);
-        return attnd_client_fail(c, e == ENOSPC ? ATTND_ERR_NO_MEMORY : ATTND_ERR_INTERNAL,
-                                 "channel: ftruncate %s to %zu bytes: %s", ch->name, ch->size,
-                                 strerror(e));
-    }
-    ch->base = mmap(NULL, ch->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (ch->base == MAP_FAILED) {
-        int e = errno;
-        ch->base = NULL;
-        shm_unlink(ch->name);
-        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "channel: mmap %s (%zu bytes): %s",
-                                 ch->name, ch->size, strerror(e));
-    }
+    attnd_err rv = attnd_client_shm_new(c, "channel: ", "attnd-ch", (unsigned long)(uintptr_t)ch,
+                                        ch->size, ch->name, sizeof ch->name, &ch->base);
+    if (rv != ATTND_ERR_OK) return rv;
     h = chan_header(ch);
     h->magic = ATTND_CHANNEL_MAGIC;
     h->version = ATTND_CHANNEL_VERSION;

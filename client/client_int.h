@@ -46,6 +46,13 @@ const char *attnd_client_body_name(Attnd__Request__BodyCase k);
  * group map it, as its socket lets us connect); otherwise it keeps ours. */
 void attnd_client_shm_share(const attnd_client *c, int fd);
 
+/* Create an exclusive shm object of size bytes, named "/<prefix>-<pid>-<tag>-<salt>" into
+ * name[cap], with the daemon's group (attnd_client_shm_share), and map it into *base. On failure
+ * nothing is left and the error is recorded, what (e.g. "channel: ") before the system call:
+ * INTERNAL, NO_MEMORY. (region.c) */
+attnd_err attnd_client_shm_new(attnd_client *c, const char *what, const char *prefix,
+                               unsigned long tag, size_t size, char *name, size_t cap, void **base);
+
 /* ---------------------------------------------------------------- channel.c */
 
 /* The same-host shared-memory channel (proto/attnd_channel.h) of a client. */

@@ -68,46 +68,58 @@ attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region)
 
 /* ---------------------------------------------------------------- shm helper */
 
-/* shm_open a new, exclusive object; its name goes into shm->name. Returns the fd or -1. */
-static int shm_open_unique(attnd_shm *shm)
+/* shm_open a new, exclusive object named "/<prefix>-<pid>-<tag>-<salt>" into name. Returns the
+ * fd or -1. */
+static int shm_open_unique(const char *prefix, unsigned long tag, char *name, size_t cap)
 {
     struct timespec ts;
     for (int attempt = 0; attempt < 16; attempt++) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        snprintf(shm->name, sizeof shm->name, "/attnd-%ld-%u-%lx", (long)getpid(), shm->region,
+        snprintf(name, cap, "/%s-%ld-%lx-%lx", prefix, (long)getpid(), tag,
                  (unsigned long)(ts.tv_nsec ^ ((unsigned long)attempt << 24)));
-        int fd = shm_open(shm->name, O_RDWR | O_CREAT | O_EXCL, 0660);
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0660);
         if (fd >= 0 || errno != EEXIST) return fd;
     }
     errno = EEXIST;
     return -1;
 }
 
-/* Create and map the object (no daemon involved). */
-static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
+attnd_err attnd_client_shm_new(attnd_client *c, const char *what, const char *prefix,
+                               unsigned long tag, size_t size, char *name, size_t cap, void **base)
 {
-    int fd = shm_open_unique(shm);
-    void *base;
+    int fd = shm_open_unique(prefix, tag, name, cap);
+    *base = NULL;
     if (fd < 0)
-        return attnd_client_fail(c, ATTND_ERR_INTERNAL, "shm_open %s: %s", shm->name,
+        return attnd_client_fail(c, ATTND_ERR_INTERNAL, "%sshm_open %s: %s", what, name,
                                  strerror(errno));
     attnd_client_shm_share(c, fd);
     if (ftruncate(fd, (off_t)size) != 0) {
         int e = errno;
         close(fd);
-        shm_unlink(shm->name);
+        shm_unlink(name);
         return attnd_client_fail(
             c, e == ENOSPC || e == ENOMEM ? ATTND_ERR_NO_MEMORY : ATTND_ERR_INTERNAL,
-            "ftruncate %s to %zu bytes: %s", shm->name, size, strerror(e));
+            "%sftruncate %s to %zu bytes: %s", what, name, size, strerror(e));
     }
-    base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (base == MAP_FAILED) {
+    if (p == MAP_FAILED) {
         int e = errno;
-        shm_unlink(shm->name);
-        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "mmap %s (%zu bytes): %s", shm->name, size,
-                                 strerror(e));
+        shm_unlink(name);
+        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "%smmap %s (%zu bytes): %s", what, name,
+                                 size, strerror(e));
     }
+    *base = p;
+    return ATTND_ERR_OK;
+}
+
+/* Create and map the object (no daemon involved). */
+static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
+{
+    void *base;
+    attnd_err rv =
+        attnd_client_shm_new(c, "", "attnd", shm->region, size, shm->name, sizeof shm->name, &base);
+    if (rv != ATTND_ERR_OK) return rv;
     shm->base = base;
     shm->size = size;
     return ATTND_ERR_OK;

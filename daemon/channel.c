@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "attnd_channel.h"
+#include "handles.h"
 
 /* One open channel; id 0 marks a free entry. */
 typedef struct chan {
@@ -28,7 +29,9 @@ typedef struct chan {
     uint32_t nslots, req_bytes, rep_bytes;
     uint64_t busy;                           /* slots with a request taken and not answered */
     uint32_t taken[ATTND_CHANNEL_MAX_SLOTS]; /* req_seq of the last request taken per slot */
-    uint8_t *copy;                           /* nslots x req_bytes: requests copied out */
+    uint8_t *copy;                           /* req_bytes: the request being delivered */
+    dev_t dev;                               /* the object's identity: one channel each */
+    ino_t ino;
     char name[256];
 } chan;
 
@@ -120,35 +123,6 @@ void attnd_channels_free(attnd_channels *cs)
 
 /* ---------------------------------------------------------------- open */
 
-/* Same names and codes as attnd_handles_map_shm (handles.c), for the same system calls. */
-static attnd_err shm_errno(int e, const char *name, char *err, size_t n)
-{
-    switch (e) {
-    case ENOENT:
-        return cfail(err, n, ATTND_ERR_NOT_FOUND, "shm_name: %s: no such shared memory object",
-                     name);
-    case EACCES:
-    case EPERM:
-        return cfail(err, n, ATTND_ERR_PERMISSION_DENIED, "shm_name: %s: permission denied", name);
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-        return cfail(err, n, ATTND_ERR_NO_MEMORY, "shm_name: %s: %s", name, strerror(e));
-    default:
-        return cfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "shm_name: %s: %s", name, strerror(e));
-    }
-}
-
-static attnd_err check_name(const char *name, char *err, size_t n)
-{
-    size_t len = name != NULL ? strlen(name) : 0;
-    if (len < 2 || len > 255 || name[0] != '/' || strchr(name + 1, '/') != NULL)
-        return cfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
-                     "shm_name: \"%.64s\" must be \"/name\" (no other '/', at most 255 bytes)",
-                     name != NULL ? name : "");
-    return ATTND_ERR_OK;
-}
-
 static attnd_err check_area(const char *field, uint32_t v, char *err, size_t n)
 {
     if (v % ATTND_CHANNEL_ALIGN != 0)
@@ -191,7 +165,7 @@ static attnd_err read_header(int fd, const char *name, uint64_t size, attnd_chan
                              char *err, size_t n)
 {
     struct stat st;
-    if (fstat(fd, &st) != 0) return shm_errno(errno, name, err, n);
+    if (fstat(fd, &st) != 0) return attnd_handles_shm_errno(errno, name, err, n);
     if ((uint64_t)st.st_size != size)
         return cfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "size: %llu but the object has %lld bytes",
                      (unsigned long long)size, (long long)st.st_size);
@@ -250,13 +224,13 @@ static attnd_err chan_map(attnd_channels *cs, chan *ch, const attnd_channel_head
     ch->base = mmap(NULL, ch->size, PROT_READ | PROT_WRITE, MAP_SHARED, ch->fd, 0);
     if (ch->base == MAP_FAILED) {
         ch->base = NULL;
-        return shm_errno(errno, ch->name, err, n);
+        return attnd_handles_shm_errno(errno, ch->name, err, n);
     }
     if (cs->guard != NULL && (ch->guard = attnd_shmguard_add(cs->guard, ch->base, ch->size)) < 0)
         return cfail(err, n, ATTND_ERR_UNAVAILABLE, "channels: the SIGBUS guard is full");
-    if ((ch->copy = malloc((size_t)ch->nslots * ch->req_bytes)) == NULL)
-        return cfail(err, n, ATTND_ERR_NO_MEMORY, "channels: no memory for %u x %u bytes",
-                     ch->nslots, ch->req_bytes);
+    if ((ch->copy = malloc(ch->req_bytes)) == NULL)
+        return cfail(err, n, ATTND_ERR_NO_MEMORY, "channels: no memory for %u bytes",
+                     ch->req_bytes);
     return ATTND_ERR_OK;
 }
 
@@ -269,15 +243,33 @@ static void chan_unmap(attnd_channels *cs, chan *ch)
     memset(ch, 0, sizeof *ch);
 }
 
+/* Record which object ch->fd is and refuse one that is already a channel (its posts would be
+ * taken twice, and answered in another channel's name). */
+static attnd_err chan_identity(const attnd_channels *cs, chan *ch, char *err, size_t n)
+{
+    struct stat st;
+    if (fstat(ch->fd, &st) != 0) return attnd_handles_shm_errno(errno, ch->name, err, n);
+    for (uint32_t i = 0; i < cs->max; i++) {
+        const chan *o = &cs->chans[i];
+        if (o->id != 0 && o->dev == st.st_dev && o->ino == st.st_ino)
+            return cfail(err, n, ATTND_ERR_ALREADY_EXISTS, "shm_name: %s is channel %u already",
+                         ch->name, o->id);
+    }
+    ch->dev = st.st_dev;
+    ch->ino = st.st_ino;
+    return ATTND_ERR_OK;
+}
+
 /* Map and check ch (name, size, fd -1 set); on failure everything is undone. */
 static attnd_err chan_setup(attnd_channels *cs, chan *ch, char *err, size_t n)
 {
     attnd_channel_header h;
     attnd_err rv;
     if ((ch->fd = shm_open(ch->name, O_RDWR | O_CLOEXEC, 0)) < 0) {
-        rv = shm_errno(errno, ch->name, err, n);
+        rv = attnd_handles_shm_errno(errno, ch->name, err, n);
         goto fail;
     }
+    if ((rv = chan_identity(cs, ch, err, n)) != ATTND_ERR_OK) goto fail;
     if ((rv = read_header(ch->fd, ch->name, ch->size, &h, err, n)) != ATTND_ERR_OK ||
         (rv = chan_map(cs, ch, &h, err, n)) != ATTND_ERR_OK ||
         (rv = check_slots(ch, err, n)) != ATTND_ERR_OK)
@@ -292,6 +284,14 @@ fail:
     return rv;
 }
 
+static uint32_t chan_session_count(const attnd_channels *cs, uint64_t session)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < cs->max; i++)
+        k += cs->chans[i].id != 0 && cs->chans[i].session == session;
+    return k;
+}
+
 attnd_err attnd_channels_open(attnd_channels *cs, uint64_t session, uint32_t pipe,
                               const char *shm_name, uint64_t size, uint32_t *id, char *err,
                               size_t n)
@@ -300,7 +300,10 @@ attnd_err attnd_channels_open(attnd_channels *cs, uint64_t session, uint32_t pip
     attnd_err rv;
     if (cs->max == 0)
         return cfail(err, n, ATTND_ERR_UNAVAILABLE, "channels: off (server.channels = 0)");
-    if ((rv = check_name(shm_name, err, n)) != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_handles_shm_name(shm_name, err, n)) != ATTND_ERR_OK) return rv;
+    if (chan_session_count(cs, session) >= ATTND_CHANNELS_PER_SESSION)
+        return cfail(err, n, ATTND_ERR_UNAVAILABLE, "channels: the session has %u open, the most",
+                     ATTND_CHANNELS_PER_SESSION);
     if ((ch = chan_free_entry(cs)) == NULL)
         return cfail(err, n, ATTND_ERR_UNAVAILABLE, "channels: all %u in use (server.channels)",
                      cs->max);
@@ -367,7 +370,7 @@ static int slot_take(attnd_channels *cs, chan *ch, uint32_t i, attnd_channel_req
     /* the client may still scribble on the object: read req_len once, copy, then trust only the
      * copy */
     len = *(volatile uint32_t *)&s->req_len;
-    uint8_t *dst = ch->copy + (size_t)i * ch->req_bytes;
+    uint8_t *dst = ch->copy; /* fn decodes it before the next slot is taken */
     memset(req, 0, sizeof *req);
     req->channel = ch->id;
     req->slot = i;

@@ -18,9 +18,12 @@
 
 typedef struct attnd_channels attnd_channels;
 
-/* A request taken from a slot: its bytes, copied out of the object (valid until the slot's
- * reply is written or the channel closes). bytes == NULL: the posted req_len (in len) is 0 or
- * over req_bytes; the caller answers with an error. */
+/* Channels one session may hold open: server.channels is shared by every session. */
+#define ATTND_CHANNELS_PER_SESSION 4u
+
+/* A request taken from a slot: its bytes, copied out of the object (valid only during the
+ * callback). bytes == NULL: the posted req_len (in len) is 0 or over req_bytes; the caller
+ * answers with an error. */
 typedef struct attnd_channel_req {
     uint32_t channel; /* id */
     uint32_t slot;
@@ -43,7 +46,8 @@ void attnd_channels_free(attnd_channels *cs);
 /* Map shm_name (size bytes) for session/pipe and check its header against size: magic,
  * version, nslots, areas (attnd_channel_size), every req_seq == rep_seq. *id gets the new
  * channel's id. INVALID_ARGUMENT (naming shm_name, size or header.<field>), NOT_FOUND,
- * PERMISSION_DENIED, UNAVAILABLE (max channels open), NO_MEMORY. */
+ * PERMISSION_DENIED, ALREADY_EXISTS (the object is a channel already), UNAVAILABLE (max
+ * channels open, or ATTND_CHANNELS_PER_SESSION for this session), NO_MEMORY. */
 attnd_err attnd_channels_open(attnd_channels *cs, uint64_t session, uint32_t pipe,
                               const char *shm_name, uint64_t size, uint32_t *id, char *err,
                               size_t n);
@@ -58,9 +62,8 @@ attnd_err attnd_channels_check(const attnd_channels *cs, uint64_t session, uint3
                                size_t n);
 
 /* Take the requests posted since the last poll (a slot with a request taken and not yet
- * answered is skipped) and call fn for each; channels found broken (their object shrank, a
- * request longer than req_bytes, ...) are closed here with a warning in the log. Returns
- * the number taken. */
+ * answered is skipped) and call fn for each; a channel whose object shrank is closed here with
+ * a warning in the log. Returns the number taken. */
 uint32_t attnd_channels_poll(attnd_channels *cs, attnd_channel_req_fn fn, void *arg);
 /* Answer a taken request: copy len bytes into the slot's reply area, publish rep_seq, wake the
  * client if it sleeps. INVALID_ARGUMENT (nothing written) when len exceeds rep_bytes;

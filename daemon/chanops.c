@@ -19,14 +19,20 @@ attnd_err attnd_chanops_open(attnd_ops *o, attnd_session *s, const Attnd__OpenCh
     return ATTND_ERR_OK;
 }
 
+/* OK when s has channel id open; else NOT_FOUND in r. */
+static attnd_err chanops_find(attnd_ops *o, attnd_session *s, uint32_t id, attnd_ops_reply *r)
+{
+    if (o->channels == NULL)
+        return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "channel: %u not open in this session", id);
+    attnd_err rv = attnd_channels_check(o->channels, s->id, id, r->msg, sizeof r->msg);
+    return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
+}
+
 attnd_err attnd_chanops_close(attnd_ops *o, attnd_session *s, const Attnd__CloseChannel *m,
                               attnd_ops_reply *r)
 {
-    if (o->channels == NULL)
-        return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "channel: %u not open in this session",
-                              m->channel);
-    attnd_err rv = attnd_channels_check(o->channels, s->id, m->channel, r->msg, sizeof r->msg);
-    if (rv != ATTND_ERR_OK) return (attnd_err)(r->reply.code = (uint32_t)rv);
+    attnd_err rv = chanops_find(o, s, m->channel, r);
+    if (rv != ATTND_ERR_OK) return rv;
     attnd_ops_drain(o); /* replies still owed through it go out first */
     rv = attnd_channels_close(o->channels, s->id, m->channel, r->msg, sizeof r->msg);
     return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
@@ -35,11 +41,7 @@ attnd_err attnd_chanops_close(attnd_ops *o, attnd_session *s, const Attnd__Close
 attnd_err attnd_chanops_wake(attnd_ops *o, attnd_session *s, const Attnd__WakeChannel *m,
                              attnd_ops_reply *r)
 {
-    if (o->channels == NULL)
-        return attnd_ops_fail(r, ATTND_ERR_NOT_FOUND, "channel: %u not open in this session",
-                              m->channel);
-    attnd_err rv = attnd_channels_check(o->channels, s->id, m->channel, r->msg, sizeof r->msg);
-    return rv == ATTND_ERR_OK ? rv : (attnd_err)(r->reply.code = (uint32_t)rv);
+    return chanops_find(o, s, m->channel, r);
 }
 
 void attnd_chanops_session_gone(attnd_ops *o, attnd_session *s)

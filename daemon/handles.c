@@ -24,7 +24,7 @@ static attnd_err hfail(char *err, size_t n, attnd_err code, const char *fmt, ...
 
 /* ---------------------------------------------------------------- regions */
 
-static attnd_err shm_errno(int e, const char *name, char *err, size_t n)
+attnd_err attnd_handles_shm_errno(int e, const char *name, char *err, size_t n)
 {
     switch (e) {
     case ENOENT:
@@ -42,8 +42,9 @@ static attnd_err shm_errno(int e, const char *name, char *err, size_t n)
     }
 }
 
-static attnd_err shm_check_name(const char *name, char *err, size_t n)
+attnd_err attnd_handles_shm_name(const char *name, char *err, size_t n)
 {
+    if (name == NULL) name = "";
     size_t len = strlen(name);
     if (len < 2 || len > 255 || name[0] != '/' || strchr(name + 1, '/') != NULL)
         return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
@@ -52,19 +53,20 @@ static attnd_err shm_check_name(const char *name, char *err, size_t n)
     return ATTND_ERR_OK;
 }
 
-attnd_err attnd_handles_map_shm(attnd_region *r, uint32_t id, const char *name, uint64_t size,
-                                char *err, size_t n)
+attnd_err attnd_handles_map_shm(attnd_region *r, attnd_shmguard *guard, uint32_t id,
+                                const char *name, uint64_t size, char *err, size_t n)
 {
     struct stat st;
     attnd_err rv;
     memset(r, 0, sizeof *r);
     r->fd = -1;
-    if ((rv = shm_check_name(name, err, n)) != ATTND_ERR_OK) return rv;
+    r->guard_id = -1;
+    if ((rv = attnd_handles_shm_name(name, err, n)) != ATTND_ERR_OK) return rv;
     if (size == 0) return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "size: 0");
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) return shm_errno(errno, name, err, n);
+    if (fd < 0) return attnd_handles_shm_errno(errno, name, err, n);
     if (fstat(fd, &st) != 0) {
-        rv = shm_errno(errno, name, err, n);
+        rv = attnd_handles_shm_errno(errno, name, err, n);
         goto fail;
     }
     if (size > (uint64_t)st.st_size || size > SIZE_MAX) {
@@ -74,9 +76,15 @@ attnd_err attnd_handles_map_shm(attnd_region *r, uint32_t id, const char *name, 
     }
     void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
-        rv = shm_errno(errno, name, err, n);
+        rv = attnd_handles_shm_errno(errno, name, err, n);
         goto fail;
     }
+    if (guard != NULL && (r->guard_id = attnd_shmguard_add(guard, base, (size_t)size)) < 0) {
+        munmap(base, (size_t)size);
+        rv = hfail(err, n, ATTND_ERR_UNAVAILABLE, "region: the SIGBUS guard is full");
+        goto fail;
+    }
+    r->guard = guard;
     r->id = id;
     r->kind = ATTND__REGION_KIND__HOST_SHM;
     r->base = base;
@@ -99,6 +107,7 @@ attnd_err attnd_handles_open_ipc(attnd_region *r, attnd_backend *be, uint32_t id
     attnd_device_info info;
     memset(r, 0, sizeof *r);
     r->fd = -1;
+    r->guard_id = -1;
     if (handle_len != ATTND_IPC_HANDLE_BYTES)
         return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "ipc_handle: %zu bytes, expected %d",
                      handle_len, ATTND_IPC_HANDLE_BYTES);
@@ -132,10 +141,13 @@ attnd_err attnd_handles_open_ipc(attnd_region *r, attnd_backend *be, uint32_t id
 
 void attnd_handles_unmap(attnd_region *r)
 {
-    if (r->kind == ATTND__REGION_KIND__CUDA_IPC)
+    if (r->kind == ATTND__REGION_KIND__CUDA_IPC) {
         attnd_device_ipc_close(r->be, r->base);
-    else if (r->base)
+    } else if (r->base) {
+        if (r->guard_id >= 0) attnd_shmguard_remove(r->guard, r->guard_id);
         munmap(r->base, (size_t)r->size);
+    }
+    r->guard_id = -1;
     if (r->fd >= 0) close(r->fd);
     r->base = NULL;
     r->fd = -1;
@@ -302,6 +314,26 @@ static attnd_err place_inline(attnd_handles_req *hr, const Attnd__TensorRef *ref
     return ATTND_ERR_OK;
 }
 
+/* Remember a HOST_SHM region the request uses (once), for attnd_handles_check_faults. */
+static void note_shm_region(attnd_handles_req *hr, const attnd_region *r)
+{
+    if (r->kind != ATTND__REGION_KIND__HOST_SHM || r->guard_id < 0) return;
+    for (uint32_t i = 0; i < hr->nshm; i++)
+        if (hr->shm[i] == r) return;
+    if (hr->nshm < ATTND_HANDLES_MAX_HOST) hr->shm[hr->nshm++] = r;
+}
+
+attnd_err attnd_handles_check_faults(const attnd_handles_req *hr, char *err, size_t n)
+{
+    for (uint32_t i = 0; i < hr->nshm; i++)
+        if (attnd_shmguard_faulted(hr->shm[i]->guard, hr->shm[i]->guard_id))
+            return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                         "region: %u was truncated by its client during the request: nothing "
+                         "read or written there counts (register it again)",
+                         hr->shm[i]->id);
+    return ATTND_ERR_OK;
+}
+
 static const attnd_region *find_region(const attnd_handles_req *hr, uint32_t id)
 {
     for (uint32_t i = 0; i < hr->nregions; i++)
@@ -331,10 +363,17 @@ static attnd_err place_region(attnd_handles_req *hr, const Attnd__TensorRef *ref
                      "%s: bytes %llu..%llu outside region %u (%llu bytes)", sp->field,
                      (unsigned long long)ref->offset, (unsigned long long)ref->offset + bytes,
                      r->id, (unsigned long long)r->size);
-    /* a client that truncates its object would make our accesses fault: notice it here */
+    /* a client that truncates its object would make our accesses fault: notice it here (and
+     * through the guard, which turned a truncation under an earlier request into zero pages
+     * that no longer share anything with the client) */
     if (r->fd >= 0 && (fstat(r->fd, &st) != 0 || (uint64_t)st.st_size < r->size))
         return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT, "%s.region: %u shrank below %llu bytes",
                      sp->field, r->id, (unsigned long long)r->size);
+    if (r->guard_id >= 0 && attnd_shmguard_faulted(r->guard, r->guard_id))
+        return hfail(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                     "%s.region: %u was truncated while mapped: register it again", sp->field,
+                     r->id);
+    note_shm_region(hr, r);
     t->data = (char *)r->base + ref->offset;
     return ATTND_ERR_OK;
 }

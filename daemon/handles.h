@@ -13,23 +13,33 @@
 
 #include "attnd.pb-c.h"
 #include "attnd/kernels.h"
+#include "shmguard.h"
 
 #define ATTND_HANDLES_MAX_OUT 4
 
 typedef struct attnd_region {
-    uint32_t id;       /* client-chosen, > 0 */
-    int kind;          /* Attnd__RegionKind */
-    void *base;        /* mapping (host memory for HOST_SHM, device memory for CUDA_IPC) */
-    uint64_t size;     /* bytes the client registered (<= the object's or allocation's size) */
-    int fd;            /* HOST_SHM: kept open to notice an object shrunk under us */
-    attnd_backend *be; /* CUDA_IPC: the backend that opened it (and closes it) */
+    uint32_t id;           /* client-chosen, > 0 */
+    int kind;              /* Attnd__RegionKind */
+    void *base;            /* mapping (host memory for HOST_SHM, device memory for CUDA_IPC) */
+    uint64_t size;         /* bytes the client registered (<= the object's or allocation's size) */
+    int fd;                /* HOST_SHM: kept open to notice an object shrunk under us */
+    attnd_backend *be;     /* CUDA_IPC: the backend that opened it (and closes it) */
+    attnd_shmguard *guard; /* HOST_SHM: watches the mapping (a truncated object reads zeros) */
+    int32_t guard_id;      /* its entry there, -1 none */
     char name[256];
 } attnd_region;
 
-/* Map the POSIX shm object name (read-write, shared). INVALID_ARGUMENT (bad name, size 0, size
- * over the object's), NOT_FOUND, PERMISSION_DENIED, NO_MEMORY. */
-attnd_err attnd_handles_map_shm(attnd_region *r, uint32_t id, const char *name, uint64_t size,
-                                char *err, size_t n);
+/* The code and message of a failed shm_open/fstat/mmap of object name (errno e): NOT_FOUND,
+ * PERMISSION_DENIED, NO_MEMORY, else INVALID_ARGUMENT; the message starts "shm_name: ". */
+attnd_err attnd_handles_shm_errno(int e, const char *name, char *err, size_t n);
+/* INVALID_ARGUMENT unless name is "/name" (no other '/', 2..255 bytes). */
+attnd_err attnd_handles_shm_name(const char *name, char *err, size_t n);
+/* Map the POSIX shm object name (read-write, shared), watched by guard when not NULL (a client
+ * that truncates its object under a request then fails that request, not the daemon).
+ * INVALID_ARGUMENT (bad name, size 0, size over the object's), NOT_FOUND, PERMISSION_DENIED,
+ * NO_MEMORY, UNAVAILABLE (the guard is full). */
+attnd_err attnd_handles_map_shm(attnd_region *r, attnd_shmguard *guard, uint32_t id,
+                                const char *name, uint64_t size, char *err, size_t n);
 /* Open a CUDA_IPC region: handle_len must be ATTND_IPC_HANDLE_BYTES, size > 0 and at most the
  * size of the allocation the handle maps, which must live on be's device. INVALID_ARGUMENT
  * (naming ipc_handle, size or device), UNSUPPORTED on a backend without CUDA. */
@@ -71,6 +81,8 @@ typedef struct attnd_handles_req {
     size_t out_bytes[ATTND_HANDLES_MAX_OUT];
     uint32_t nhost;
     attnd_host_view host[ATTND_HANDLES_MAX_HOST];
+    uint32_t nshm; /* HOST_SHM regions the request's views lie in (checked for faults after) */
+    const attnd_region *shm[ATTND_HANDLES_MAX_HOST];
 } attnd_handles_req;
 
 void attnd_handles_req_init(attnd_handles_req *hr, const attnd_region *regions, uint32_t nregions,
@@ -80,6 +92,9 @@ void attnd_handles_req_fini(attnd_handles_req *hr);
 /* Resolve ref (NULL = missing) per spec into t. */
 attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
                                 const attnd_tref_spec *spec, attnd_tensor *t, char *err, size_t n);
+/* After the kernels and copies: INVALID_ARGUMENT, naming the region, when one of the request's
+ * HOST_SHM regions was truncated by its client meanwhile (what was read or written is void). */
+attnd_err attnd_handles_check_faults(const attnd_handles_req *hr, char *err, size_t n);
 /* Total bytes of INLINE input data in a request's references (to bound them up front). */
 uint64_t attnd_handles_inline_in(const Attnd__TensorRef *const *refs, size_t count);
 

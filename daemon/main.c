@@ -2,6 +2,7 @@
  * modules; here only the order of construction and the small callbacks that connect them. */
 #include <getopt.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,15 +125,24 @@ static void hook_tick(void *arg)
 
 /* ---------------------------------------------------------------- startup */
 
-/* Shared-memory channels and the SIGBUS guard that keeps a client's truncation from killing
- * us (one guard entry per channel). */
+/* The SIGBUS guard over client-owned shm (HOST_SHM regions, channels: a client that truncates
+ * its object fails its own requests, not the daemon) and the shared-memory channels. */
 static attnd_err start_channels(daemon_ctx *d, char *err, size_t n)
 {
     attnd_err rv;
+    const attnd_cfg_limits *l = &d->cfg.limits;
+    uint64_t cap = (uint64_t)d->cfg.server.channels + (uint64_t)l->max_sessions * l->max_regions;
     d->ops->spin_us = d->cfg.server.spin_us;
+    if (cap < 1024) cap = 1024; /* room for limits raised by a reload */
+    if (cap > INT32_MAX) cap = INT32_MAX;
+    if ((rv = attnd_shmguard_alloc(&d->guard, (uint32_t)cap)) != ATTND_ERR_OK) {
+        snprintf(err, n, "shmguard: cannot watch %llu mappings: %s", (unsigned long long)cap,
+                 attnd_strerror(rv));
+        return rv;
+    }
+    d->ops->guard = d->guard;
     if (d->cfg.server.channels == 0) return ATTND_ERR_OK;
-    if ((rv = attnd_shmguard_alloc(&d->guard, d->cfg.server.channels)) != ATTND_ERR_OK ||
-        (rv = attnd_channels_alloc(&d->channels, d->guard, d->cfg.server.channels, &d->log))) {
+    if ((rv = attnd_channels_alloc(&d->channels, d->guard, d->cfg.server.channels, &d->log))) {
         snprintf(err, n, "server.channels: cannot set up %u channels: %s", d->cfg.server.channels,
                  attnd_strerror(rv));
         return rv;

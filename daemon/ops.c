@@ -207,15 +207,17 @@ attnd_err attnd_ops_stage_in(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req
 
 attnd_err attnd_ops_stage_out(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr)
 {
-    if (!attnd_backend_is_device(o->be)) return ATTND_ERR_OK;
-    for (uint32_t i = 0; i < hr->nhost; i++) {
+    attnd_err rv;
+    for (uint32_t i = 0; attnd_backend_is_device(o->be) && i < hr->nhost; i++) {
         attnd_host_view *v = &hr->host[i];
         if (!v->output || v->dev == NULL) continue;
-        attnd_err rv =
-            attnd_backend_memcpy(o->be, v->host, v->dev, (size_t)v->bytes, ATTND_MEMCPY_D2H);
+        rv = attnd_backend_memcpy(o->be, v->host, v->dev, (size_t)v->bytes, ATTND_MEMCPY_D2H);
         if (rv != ATTND_ERR_OK) return attnd_ops_kernel_fail(o, r, rv, "copying outputs back");
     }
-    return ATTND_ERR_OK;
+    /* a client that truncated its region under the request: its result is void, say so */
+    if ((rv = attnd_handles_check_faults(hr, r->msg, sizeof r->msg)) != ATTND_ERR_OK)
+        r->reply.code = (uint32_t)rv;
+    return rv;
 }
 
 size_t attnd_ops_block_bytes(const attnd_ops *o)
@@ -556,8 +558,8 @@ static attnd_err op_register(attnd_ops *o, attnd_session *s, const Attnd__Reques
                       "event=region session=%llu region=%u kind=cuda_ipc bytes=%llu",
                       (unsigned long long)s->id, m->region, (unsigned long long)m->size);
     } else if (m->kind == ATTND__REGION_KIND__HOST_SHM) {
-        rv = attnd_session_region_add(s, m->region, m->shm_name ? m->shm_name : "", m->size,
-                                      o->limits.max_regions, r->msg, sizeof r->msg);
+        rv = attnd_session_region_add(s, m->region, o->guard, m->shm_name ? m->shm_name : "",
+                                      m->size, o->limits.max_regions, r->msg, sizeof r->msg);
     } else {
         return attnd_ops_fail(r, ATTND_ERR_INVALID_ARGUMENT, "kind: %d unknown", (int)m->kind);
     }

@@ -74,7 +74,9 @@ typedef struct attnd_ops {
     struct attnd_inflight_item *inflight;
     uint32_t inflight_head, inflight_count, inflight_cap;
     uint64_t inflight_done_ns; /* when the last one completed (kernel time is not counted twice) */
-    /* Shared-memory channels (channel.h); NULL = off. Set by the daemon's wiring. */
+    /* Set by the daemon's wiring: the SIGBUS guard over client-owned mappings (HOST_SHM
+     * regions, channels) and the shared-memory channels; NULL = none. */
+    struct attnd_shmguard *guard;
     struct attnd_channels *channels;
     uint32_t spin_us; /* the executor's idle polling window, told to channel clients */
 } attnd_ops;
@@ -175,7 +177,9 @@ attnd_err attnd_ops_zero(attnd_ops *o, void *dev, size_t bytes);
  * backends. Call after every content check on host data, right before the kernel. */
 attnd_err attnd_ops_stage_in(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr,
                              attnd_tensor *const *ts, size_t nts);
-/* After the kernel finished: copy the staged outputs back to their host views. */
+/* After the kernel finished: copy the staged outputs back to their host views, then
+ * INVALID_ARGUMENT if a HOST_SHM region the request used was truncated by its client meanwhile
+ * (attnd_handles_check_faults). Every backend calls it. */
 attnd_err attnd_ops_stage_out(attnd_ops *o, attnd_ops_reply *r, attnd_handles_req *hr);
 /* Bytes of one layer's K (or V) block. */
 size_t attnd_ops_block_bytes(const attnd_ops *o);

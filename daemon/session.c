@@ -117,12 +117,13 @@ static attnd_err region_room(attnd_session *s, uint32_t id, uint32_t max_regions
     return ATTND_ERR_OK;
 }
 
-attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *shm_name,
-                                   uint64_t size, uint32_t max_regions, char *err, size_t n)
+attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, attnd_shmguard *guard,
+                                   const char *shm_name, uint64_t size, uint32_t max_regions,
+                                   char *err, size_t n)
 {
     attnd_err rv = region_room(s, id, max_regions, err, n);
     if (rv == ATTND_ERR_OK)
-        rv = attnd_handles_map_shm(&s->regions[s->nregions], id, shm_name, size, err, n);
+        rv = attnd_handles_map_shm(&s->regions[s->nregions], guard, id, shm_name, size, err, n);
     if (rv == ATTND_ERR_OK) s->nregions++;
     return rv;
 }

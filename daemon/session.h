@@ -47,10 +47,11 @@ attnd_err attnd_session_get(attnd_sessions *ss, uint64_t id, uint32_t pipe, attn
 /* Unlink and free (regions unmapped). */
 void attnd_session_close(attnd_sessions *ss, attnd_session *s);
 
-/* Register a HOST_SHM region: INVALID_ARGUMENT (id 0), ALREADY_EXISTS, UNAVAILABLE (at
- * max_regions), and attnd_handles_map_shm's codes. */
-attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, const char *shm_name,
-                                   uint64_t size, uint32_t max_regions, char *err, size_t n);
+/* Register a HOST_SHM region (watched by guard, which may be NULL): INVALID_ARGUMENT (id 0),
+ * ALREADY_EXISTS, UNAVAILABLE (at max_regions), and attnd_handles_map_shm's codes. */
+attnd_err attnd_session_region_add(attnd_session *s, uint32_t id, attnd_shmguard *guard,
+                                   const char *shm_name, uint64_t size, uint32_t max_regions,
+                                   char *err, size_t n);
 /* Register a CUDA_IPC region (opened once here, closed when it is unregistered or the
  * connection drops): the checks above and attnd_handles_open_ipc's. */
 attnd_err attnd_session_region_add_ipc(attnd_session *s, uint32_t id, attnd_backend *be,

@@ -408,6 +408,30 @@ Test(channel, max_channels, .timeout = 30)
         obj_destroy(&o[i]);
 }
 
+/* A session holds ATTND_CHANNELS_PER_SESSION at most (server.channels is everyone's); an
+ * object that is a channel already is refused, in any session. */
+Test(channel, per_session_cap_and_one_channel_per_object, .timeout = 30)
+{
+    obj o[ATTND_CHANNELS_PER_SESSION + 1];
+    attnd_channels *cs = channels(16);
+    for (uint32_t i = 0; i <= ATTND_CHANNELS_PER_SESSION; i++)
+        obj_make(&o[i], 1);
+    for (uint32_t i = 0; i < ATTND_CHANNELS_PER_SESSION; i++)
+        open_ok(cs, 1, &o[i]);
+    open_fails(cs, o[ATTND_CHANNELS_PER_SESSION].name, o[ATTND_CHANNELS_PER_SESSION].size,
+               ATTND_ERR_UNAVAILABLE, "the session has 4 open");
+    open_ok(cs, 2, &o[ATTND_CHANNELS_PER_SESSION]); /* another session still can */
+    char err[256] = "";
+    uint32_t id = 0;
+    cr_assert_eq(attnd_channels_open(cs, 3, 7, o[0].name, o[0].size, &id, err, sizeof err),
+                 ATTND_ERR_ALREADY_EXISTS);
+    cr_assert_not_null(strstr(err, "shm_name"), "%s", err);
+    cr_assert_eq(attnd_channels_count(cs), ATTND_CHANNELS_PER_SESSION + 1);
+    attnd_channels_free(cs);
+    for (uint32_t i = 0; i <= ATTND_CHANNELS_PER_SESSION; i++)
+        obj_destroy(&o[i]);
+}
+
 Test(channel, channels_off, .timeout = 30)
 {
     obj o;
