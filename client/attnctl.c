@@ -13,7 +13,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: attnctl [-u URL] [-t MS] [-n NAME] [-k TOKEN] [-c CA.pem] COMMAND [ARGS]\n"
+            "usage: attnctl [-u URL] [-t MS] [-n NAME] [-k TOKEN] [-c CA.pem] [-S] COMMAND [ARGS]\n"
             "               [+ COMMAND [ARGS]]...\n"
             "\n"
             "  -u URL    daemon address: ipc://PATH, tcp://HOST:PORT or tls+tcp://HOST:PORT\n"
@@ -23,6 +23,7 @@ static void usage(FILE *f)
             "  -k TOKEN  shared token, when the daemon requires one (default $ATTND_TOKEN)\n"
             "  -c FILE   tls+tcp://: CA certificate(s) the daemon's must be signed by\n"
             "            (default $ATTND_TLS_CA)\n"
+            "  -S        the socket only: no shared-memory channel (opened on ipc:// otherwise)\n"
             "\n"
             "Commands run in order in one session, separated by a lone '+'. Sequences belong to\n"
             "the session: create, fork, attend and free them in one attnctl run.\n"
@@ -95,6 +96,9 @@ int attnctl_session(attnctl *ctl)
     if (ctl->have_session) return ATTNCTL_OK;
     if ((rv = attnd_client_hello(ctl->c, NULL)) != ATTND_ERR_OK)
         return attnctl_fail(ctl, "hello", rv);
+    /* as attnd_client_connect does; without one (refused, -S) the socket carries everything */
+    if (strncmp(ctl->url, "ipc://", 6) == 0 && ctl->opts.channel_slots >= 0)
+        (void)attnd_client_channel_open(ctl->c, 0);
     ctl->have_session = 1;
     return ATTNCTL_OK;
 }
@@ -201,6 +205,10 @@ static int parse_globals(attnctl *ctl, int argc, char **argv, int32_t *timeout)
         if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
             usage(stdout);
             exit(ATTNCTL_OK);
+        }
+        if (strcmp(o, "-S") == 0) {
+            ctl->opts.channel_slots = -1;
+            continue;
         }
         if (i + 1 >= argc || strlen(o) != 2 || strchr("utnkc", o[1]) == NULL) {
             usage(stderr);
