@@ -464,37 +464,40 @@ static void expect_reply(Attnd__Reply *rep, attnd_err code, const char *part, co
 }
 
 /* Small request builders (the caller's structs, valid while the request is). */
-static void req_create(Attnd__Request *req, Attnd__CreateSequence *m, uint64_t seq)
-{
-    Attnd__Request ri = ATTND__REQUEST__INIT;
-    Attnd__CreateSequence mi = ATTND__CREATE_SEQUENCE__INIT;
-    *req = ri;
-    *m = mi;
-    m->seq_id = seq;
-    req->body_case = ATTND__REQUEST__BODY_CREATE;
-    req->create = m;
-}
+#define H_CREATE 0
+#define H_FREE 1
+#define H_QUERY 2
 
-static void req_free(Attnd__Request *req, Attnd__FreeSequence *m, uint64_t seq)
-{
-    Attnd__Request ri = ATTND__REQUEST__INIT;
-    Attnd__FreeSequence mi = ATTND__FREE_SEQUENCE__INIT;
-    *req = ri;
-    *m = mi;
-    m->seq_id = seq;
-    req->body_case = ATTND__REQUEST__BODY_FREE;
-    req->free = m;
-}
+/* The body of a one-sequence request: Create, Free and Query carry only seq_id. */
+typedef union seq_body {
+    Attnd__CreateSequence create;
+    Attnd__FreeSequence free;
+    Attnd__QuerySequence query;
+} seq_body;
 
-static void req_query(Attnd__Request *req, Attnd__QuerySequence *m, uint64_t seq)
+static void req_seq(Attnd__Request *req, seq_body *b, int kind, uint64_t seq)
 {
     Attnd__Request ri = ATTND__REQUEST__INIT;
-    Attnd__QuerySequence mi = ATTND__QUERY_SEQUENCE__INIT;
+    Attnd__CreateSequence c = ATTND__CREATE_SEQUENCE__INIT;
+    Attnd__FreeSequence f = ATTND__FREE_SEQUENCE__INIT;
+    Attnd__QuerySequence q = ATTND__QUERY_SEQUENCE__INIT;
     *req = ri;
-    *m = mi;
-    m->seq_id = seq;
-    req->body_case = ATTND__REQUEST__BODY_QUERY;
-    req->query = m;
+    if (kind == H_CREATE) {
+        c.seq_id = seq;
+        b->create = c;
+        req->body_case = ATTND__REQUEST__BODY_CREATE;
+        req->create = &b->create;
+    } else if (kind == H_FREE) {
+        f.seq_id = seq;
+        b->free = f;
+        req->body_case = ATTND__REQUEST__BODY_FREE;
+        req->free = &b->free;
+    } else {
+        q.seq_id = seq;
+        b->query = q;
+        req->body_case = ATTND__REQUEST__BODY_QUERY;
+        req->query = &b->query;
+    }
 }
 
 /* Create / Free / Query of one sequence through slot i of h as session: the reply's code. */
@@ -502,15 +505,8 @@ static attnd_err h_seq(attnd_client *c, const hchan *h, uint32_t i, int kind, ui
                        uint64_t session, attnd_seq_info *info)
 {
     Attnd__Request req;
-    Attnd__CreateSequence cm;
-    Attnd__FreeSequence fm;
-    Attnd__QuerySequence qm;
-    if (kind == 0)
-        req_create(&req, &cm, seq);
-    else if (kind == 1)
-        req_free(&req, &fm, seq);
-    else
-        req_query(&req, &qm, seq);
+    seq_body body;
+    req_seq(&req, &body, kind, seq);
     Attnd__Reply *rep = hcall(c, h, i, &req, session);
     attnd_err code = (attnd_err)rep->code;
     if (info != NULL && code == ATTND_ERR_OK) {
@@ -523,10 +519,6 @@ static attnd_err h_seq(attnd_client *c, const hchan *h, uint32_t i, int kind, ui
     attnd__reply__free_unpacked(rep, NULL);
     return code;
 }
-
-#define H_CREATE 0
-#define H_FREE 1
-#define H_QUERY 2
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -737,8 +729,8 @@ Test(channel_e2e, bad_posts_get_protocol_replies, .timeout = 60)
     good_step(&f.g, "truncated protobuf");
 
     /* an unknown field in the Request, then one inside its CreateSequence */
-    Attnd__CreateSequence cs;
-    req_create(&req, &cs, 9);
+    seq_body cs;
+    req_seq(&req, &cs, H_CREATE, 9);
     req.id = 4243;
     req.session = me;
     n = attnd__request__pack(&req, buf);
@@ -767,7 +759,7 @@ Test(channel_e2e, bad_posts_get_protocol_replies, .timeout = 60)
     good_step(&f.g, "unknown fields");
 
     /* lengths: none, one past the area, the largest */
-    req_create(&req, &cs, 10);
+    req_seq(&req, &cs, H_CREATE, 10);
     req.id = 4245;
     req.session = me;
     n = attnd__request__pack(&req, buf);
@@ -874,16 +866,16 @@ Test(channel_e2e, requests_naming_another_session_are_refused, .timeout = 60)
         cr_assert_eq(attnd_client_seq_query(f.g.c, id, &before[id - 1]), ATTND_ERR_OK);
 
     Attnd__Request req = ATTND__REQUEST__INIT;
-    Attnd__CreateSequence cs;
-    Attnd__FreeSequence fs;
-    Attnd__QuerySequence qs;
-    req_free(&req, &fs, 1);
+    seq_body cs;
+    seq_body fs;
+    seq_body qs;
+    req_seq(&req, &fs, H_FREE, 1);
     expect_reply(hcall(c, h, 0, &req, theirs), ATTND_ERR_INVALID_ARGUMENT, "session",
                  "free theirs");
-    req_create(&req, &cs, 3);
+    req_seq(&req, &cs, H_CREATE, 3);
     expect_reply(hcall(c, h, 1, &req, theirs), ATTND_ERR_INVALID_ARGUMENT, "session",
                  "create theirs");
-    req_query(&req, &qs, 2);
+    req_seq(&req, &qs, H_QUERY, 2);
     expect_reply(hcall(c, h, 2, &req, theirs), ATTND_ERR_INVALID_ARGUMENT, "session",
                  "query theirs");
     Attnd__BeginStep bs = ATTND__BEGIN_STEP__INIT;
@@ -897,7 +889,7 @@ Test(channel_e2e, requests_naming_another_session_are_refused, .timeout = 60)
     expect_reply(hcall(c, h, 3, &req, theirs), ATTND_ERR_INVALID_ARGUMENT, "session",
                  "begin theirs");
     /* sessions that do not exist, and none */
-    req_free(&req, &fs, 1);
+    req_seq(&req, &fs, H_FREE, 1);
     expect_reply(hcall(c, h, 0, &req, theirs + me + 1000), ATTND_ERR_INVALID_ARGUMENT, "session",
                  "unknown session");
     expect_reply(hcall(c, h, 1, &req, 0), ATTND_ERR_INVALID_ARGUMENT, "session", "session 0");
@@ -1143,13 +1135,14 @@ Test(channel_e2e, posting_twice_on_a_busy_slot, .timeout = 60)
     for (int round = 0; round < 2 * rounds; round++) {
         int asleep = round < rounds;
         Attnd__Request ra, rb;
-        Attnd__CreateSequence cs;
-        Attnd__QuerySequence qs;
+        seq_body cs;
+        seq_body qs;
         uint64_t seq_a = 600 + (uint64_t)round;
-        req_create(&ra, &cs, seq_a); /* A: creates a sequence, so we can tell whether it ran */
+        req_seq(&ra, &cs, H_CREATE,
+                seq_a); /* A: creates a sequence, so we can tell whether it ran */
         ra.id = atomic_fetch_add(&next_req_id, 1);
         ra.session = me;
-        req_query(&rb, &qs, 500); /* B: independent of A */
+        req_seq(&rb, &qs, H_QUERY, 500); /* B: independent of A */
         rb.id = atomic_fetch_add(&next_req_id, 1);
         rb.session = me;
         size_t na = attnd__request__pack(&ra, a), nb = attnd__request__pack(&rb, b);
@@ -1230,9 +1223,9 @@ Test(channel_e2e, truncated_object_drops_the_channel, .timeout = 60)
     EXPECT_RV(c, open_raw(c, t.name, t.size, &t.id), ATTND_ERR_OK, NULL);
     cr_assert(wait_asleep(&t));
     Attnd__Request req;
-    Attnd__CreateSequence cs;
+    seq_body cs;
     uint8_t buf[256];
-    req_create(&req, &cs, 71);
+    req_seq(&req, &cs, H_CREATE, 71);
     req.id = 9;
     req.session = me;
     size_t n = attnd__request__pack(&req, buf);
@@ -1297,9 +1290,9 @@ Test(channel_e2e, wake_and_close_name_only_own_channels, .timeout = 60)
     EXPECT_RV(c, chan_ctl(c, 1, h->id), ATTND_ERR_OK, NULL);
     cr_assert_eq(daemon_state(h), ATTND_CHANNEL_DAEMON_CLOSED);
     Attnd__Request req;
-    Attnd__CreateSequence cs;
+    seq_body cs;
     uint8_t buf[256];
-    req_create(&req, &cs, 80);
+    req_seq(&req, &cs, H_CREATE, 80);
     req.id = 11;
     req.session = me;
     size_t n = attnd__request__pack(&req, buf);
@@ -1454,9 +1447,9 @@ Test(channel_e2e, sleeping_executor_answers_after_wake, .timeout = 60)
     cr_assert(attnd_client_channel_active(gc));
 
     Attnd__Request req;
-    Attnd__QuerySequence qs;
+    seq_body qs;
     uint8_t buf[256];
-    req_query(&req, &qs, 1);
+    req_seq(&req, &qs, H_QUERY, 1);
     req.session = me;
     /* a post with WakeChannel right after it */
     cr_assert(wait_asleep(h), "the executor never slept");
