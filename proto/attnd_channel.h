@@ -13,9 +13,11 @@
  * 32-bit words. A slot carries one request at a time: the client posts n = req_seq + 1 (never
  * 0; it wraps) only when rep_seq == req_seq. The daemon takes a request when req_seq differs
  * from the last it took, copies it out first (the client could still write) and validates it
- * like a socket message. Sleep protocol (Dekker, both sides seq_cst): before the daemon
+ * like a socket message; a client that posts again before the reply (breaking the rule) gets
+ * only its latest post answered. Sleep protocol (Dekker, both sides seq_cst): before the daemon
  * sleeps it stores daemon_state = ASLEEP, then polls once more; a client that posts, then
- * reads ASLEEP sends WakeChannel on the socket. */
+ * reads ASLEEP sends WakeChannel on the socket (without it the post waits for the daemon's next
+ * wake-up: a socket request or its 100 ms housekeeping tick). */
 #ifndef ATTND_PROTO_CHANNEL_H
 #define ATTND_PROTO_CHANNEL_H
 
