@@ -417,9 +417,13 @@ static uint32_t chan_poll(attnd_channels *cs, chan *ch, attnd_channel_req_fn fn,
 
 uint32_t attnd_channels_poll(attnd_channels *cs, attnd_channel_req_fn fn, void *arg)
 {
-    uint32_t taken = 0;
-    for (uint32_t i = 0; i < cs->max && cs->count > 0; i++)
-        if (cs->chans[i].id != 0) taken += chan_poll(cs, &cs->chans[i], fn, arg);
+    uint32_t taken = 0, seen = 0, open = cs->count;
+    /* every executor turn comes here: stop at the last open channel, not at server.channels */
+    for (uint32_t i = 0; i < cs->max && seen < open; i++)
+        if (cs->chans[i].id != 0) {
+            seen++;
+            taken += chan_poll(cs, &cs->chans[i], fn, arg);
+        }
     return taken;
 }
 

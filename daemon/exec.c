@@ -98,15 +98,13 @@ static int exec_pop(attnd_exec *ex, exec_item *it)
     return 1;
 }
 
-/* Next item, waiting for one; 0 when stopping and both lanes are empty. */
-static int exec_take(attnd_exec *ex, exec_item *it)
+/* Sleep until an item is queued or the executor stops. */
+static void exec_sleep(attnd_exec *ex)
 {
     pthread_mutex_lock(&ex->mu);
     while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
         pthread_cond_wait(&ex->cv, &ex->mu);
-    int got = exec_pop(ex, it);
     pthread_mutex_unlock(&ex->mu);
-    return got;
 }
 
 /* Next item if one is queued, without waiting (the lock only when the counter says so). */
@@ -119,13 +117,11 @@ static int exec_try_take(attnd_exec *ex, exec_item *it)
     return got;
 }
 
-/* Sleep until an item is queued or the executor stops. */
-static void exec_sleep(attnd_exec *ex)
+/* Next item, waiting for one; 0 when stopping and both lanes are empty (one consumer). */
+static int exec_take(attnd_exec *ex, exec_item *it)
 {
-    pthread_mutex_lock(&ex->mu);
-    while (!ex->stopping && ex->count == 0 && ex->ctl_head == NULL)
-        pthread_cond_wait(&ex->cv, &ex->mu);
-    pthread_mutex_unlock(&ex->mu);
+    exec_sleep(ex);
+    return exec_try_take(ex, it);
 }
 
 static uint64_t exec_now_us(void)

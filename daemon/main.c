@@ -29,7 +29,7 @@ typedef struct daemon_ctx {
     attnd_ops *ops;
     attnd_server *srv;
     attnd_observe *obs;
-    attnd_shmguard *guard; /* client-owned shm (channels) that shrinks reads as zeros */
+    attnd_shmguard *guard; /* client-owned shm (regions, channels): shrunk reads as zeros */
     attnd_channels *channels;
     uint64_t ticks;
 } daemon_ctx;

@@ -368,15 +368,16 @@ typedef struct chan_call {
     attnd_ops_reply reply;
 } chan_call;
 
-/* Pack rep into the slot; a reply past the slot's area becomes a small error that says so
- * (the request ran: the client must not resend it blindly). */
-static void chan_write(attnd_server *srv, uint32_t channel, uint32_t slot, Attnd__Reply *rep)
+/* Count and pack rep into the slot; a reply past the slot's area becomes a small error that
+ * says so (the request ran: the client must not resend it blindly). */
+static void chan_send(chan_call *cc, Attnd__Reply *rep)
 {
+    attnd_server *srv = cc->srv;
     uint8_t stack[1024], *buf = stack;
     char msg[160];
     Attnd__Reply small = ATTND__REPLY__INIT;
     size_t n = attnd__reply__get_packed_size(rep);
-    uint32_t cap = attnd_channels_rep_bytes(srv->ops->channels, channel);
+    uint32_t cap = attnd_channels_rep_bytes(srv->ops->channels, cc->channel);
     if (n > cap || (n > sizeof stack && (buf = malloc(n)) == NULL)) {
         snprintf(msg, sizeof msg, "reply: %zu bytes %s (the request ran)", n,
                  n > cap ? "exceed the channel's reply area" : "cannot be allocated");
@@ -388,18 +389,11 @@ static void chan_write(attnd_server *srv, uint32_t channel, uint32_t slot, Attnd
         buf = stack;
     }
     attnd__reply__pack(rep, buf);
-    if (attnd_channels_reply(srv->ops->channels, channel, slot, buf, n) != ATTND_ERR_OK)
-        ATTND_LOG(srv->log, ATTND_LOG_DEBUG, "event=channel_reply_lost channel=%u slot=%u", channel,
-                  slot);
+    server_count_reply(srv, cc->req_type, rep->code, cc->t_recv_ns, n);
+    if (attnd_channels_reply(srv->ops->channels, cc->channel, cc->slot, buf, n) != ATTND_ERR_OK)
+        ATTND_LOG(srv->log, ATTND_LOG_DEBUG, "event=channel_reply_lost channel=%u slot=%u",
+                  cc->channel, cc->slot);
     if (buf != stack) free(buf);
-}
-
-static void chan_send(chan_call *cc, Attnd__Reply *rep)
-{
-    attnd_server *srv = cc->srv;
-    server_count_reply(srv, cc->req_type, rep->code, cc->t_recv_ns,
-                       attnd__reply__get_packed_size(rep));
-    chan_write(srv, cc->channel, cc->slot, rep);
     atomic_fetch_sub(&srv->busy, 1);
 }
 
