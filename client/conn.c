@@ -16,6 +16,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "client_int.h"
+#include "attnd_nng_err.h"
 
 /* One call: its own REQ context (so threads can share the socket) and aio. Idle slots wait in
  * free_slots; in-flight ones sit in busy, where a dropped connection cancels them. */
@@ -87,30 +88,6 @@ static void pipe_removed_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* NNG failures in the client's error space. */
-static attnd_err map_nng(int rv)
-{
-    switch (rv) {
-    case 0:
-        return ATTND_ERR_OK;
-    case NNG_ETIMEDOUT:
-        return ATTND_ERR_TIMEOUT;
-    case NNG_ENOMEM:
-        return ATTND_ERR_NO_MEMORY;
-    case NNG_EADDRINVAL:
-    case NNG_ENOTSUP:
-    case NNG_EINVAL:
-    case NNG_EMSGSIZE:
-        return ATTND_ERR_INVALID_ARGUMENT;
-    case NNG_EPERM:
-        return ATTND_ERR_PERMISSION_DENIED;
-    case NNG_EPROTO:
-        return ATTND_ERR_PROTOCOL;
-    default:
-        return ATTND_ERR_UNAVAILABLE;
-    }
-}
-
 attnd_err attnd_client_alloc(attnd_client **cp, const attnd_client_opts *opts)
 {
     attnd_client *c = calloc(1, sizeof *c);
@@ -139,7 +116,7 @@ attnd_err attnd_client_alloc(attnd_client **cp, const attnd_client_opts *opts)
 fail:
     pthread_mutex_destroy(&c->mu);
     free(c);
-    return map_nng(rv);
+    return attnd_err_from_nng(rv);
 }
 
 void attnd_client_free(attnd_client *c)
@@ -192,7 +169,7 @@ attnd_err attnd_client_dial(attnd_client *c, const char *url)
     if (c->dialed)
         return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial %s: already dialed", url);
     if ((rv = nng_dialer_create(&d, c->sock, url)) != 0)
-        return attnd_client_fail(c, map_nng(rv), "dial %s: %s", url, nng_strerror(rv));
+        return attnd_client_fail(c, attnd_err_from_nng(rv), "dial %s: %s", url, nng_strerror(rv));
     if ((rv = dialer_tls(c, d, url)) != 0) {
         nng_dialer_close(d);
         return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial %s: TLS: %s", url,
@@ -202,7 +179,7 @@ attnd_err attnd_client_dial(attnd_client *c, const char *url)
     }
     if ((rv = nng_dialer_start(d, 0)) != 0) {
         nng_dialer_close(d);
-        return attnd_client_fail(c, map_nng(rv), "dial %s: %s", url, nng_strerror(rv));
+        return attnd_client_fail(c, attnd_err_from_nng(rv), "dial %s: %s", url, nng_strerror(rv));
     }
     struct stat st;
     c->ipc_gid =
@@ -328,12 +305,12 @@ static attnd_err slot_new(attnd_client *c, call_slot **out)
     if (s == NULL) return ATTND_ERR_NO_MEMORY;
     if ((rv = nng_aio_alloc(&s->aio, NULL, NULL)) != 0) {
         free(s);
-        return map_nng(rv);
+        return attnd_err_from_nng(rv);
     }
     if ((rv = nng_ctx_open(&s->ctx, c->sock)) != 0) {
         nng_aio_free(s->aio);
         free(s);
-        return map_nng(rv);
+        return attnd_err_from_nng(rv);
     }
     *out = s;
     return ATTND_ERR_OK;
@@ -397,7 +374,7 @@ static attnd_err transport_fail(attnd_client *c, const Attnd__Request *req, cons
         pthread_mutex_unlock(&c->mu);
     }
     if (attnd_client_is_lost(c)) return attnd_client_fail_lost(c, req);
-    return attnd_client_fail(c, map_nng(rv), "%s: %s: %s", attnd_client_body_name(req->body_case),
+    return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s: %s", attnd_client_body_name(req->body_case),
                              stage, nng_strerror(rv));
 }
 
@@ -432,7 +409,7 @@ static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *r
     nng_msg *m;
     int rv;
     if ((rv = nng_msg_alloc(&m, attnd__request__get_packed_size(req))) != 0)
-        return attnd_client_fail(c, map_nng(rv), "%s: %s", attnd_client_body_name(req->body_case),
+        return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s", attnd_client_body_name(req->body_case),
                                  nng_strerror(rv));
     attnd__request__pack(req, nng_msg_body(m));
     nng_aio_set_msg(s->aio, m);

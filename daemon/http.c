@@ -8,6 +8,8 @@
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
 
+#include "attnd_nng_err.h"
+
 #define HTTP_BODY_FIRST (64 * 1024)
 #define HTTP_BODY_MAX (16 * 1024 * 1024)
 #define HTTP_REASON_MAX 256
@@ -188,22 +190,6 @@ static void http_request_cb(nng_aio *aio)
     gate_leave(r->gate);
 }
 
-static attnd_err map_nng(int rv)
-{
-    switch (rv) {
-    case 0:
-        return ATTND_ERR_OK;
-    case NNG_ENOMEM:
-        return ATTND_ERR_NO_MEMORY;
-    case NNG_EINVAL:
-    case NNG_EADDRINVAL:
-    case NNG_ENOTSUP:
-        return ATTND_ERR_INVALID_ARGUMENT;
-    default:
-        return ATTND_ERR_UNAVAILABLE;
-    }
-}
-
 static int http_add_route(attnd_http *h, const char *path, http_route_kind kind)
 {
     nng_http_handler *hd = NULL;
@@ -260,11 +246,11 @@ static attnd_err http_start(attnd_http *h, const char *url)
     }
     rv = nng_http_server_hold(&h->server, u);
     nng_url_free(u);
-    if (rv != 0) return map_nng(rv);
+    if (rv != 0) return attnd_err_from_nng(rv);
     if ((rv = http_add_route(h, "/healthz", HTTP_HEALTHZ)) != 0 ||
         (rv = http_add_route(h, "/status", HTTP_STATUS)) != 0 ||
         (rv = http_add_route(h, "/metrics", HTTP_METRICS)) != 0)
-        return map_nng(rv);
+        return attnd_err_from_nng(rv);
     if ((rv = nng_http_server_start(h->server)) != 0) return ATTND_ERR_UNAVAILABLE;
     h->port = http_bound_port(h->server);
     return ATTND_ERR_OK;

@@ -14,6 +14,7 @@
 
 #include "channel.h"
 #include "observe.h"
+#include "attnd_nng_err.h"
 
 enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
 
@@ -46,28 +47,6 @@ struct attnd_server {
     uint32_t npipes, pipes_cap;
     attnd_observe *obs; /* metrics and log rate limiting; NULL = none */
 };
-
-static attnd_err map_nng(int rv)
-{
-    switch (rv) {
-    case 0:
-        return ATTND_ERR_OK;
-    case NNG_ENOMEM:
-        return ATTND_ERR_NO_MEMORY;
-    case NNG_EADDRINUSE:
-        return ATTND_ERR_UNAVAILABLE;
-    case NNG_EADDRINVAL:
-    case NNG_EINVAL:
-    case NNG_ENOTSUP:
-        return ATTND_ERR_INVALID_ARGUMENT;
-    case NNG_ENOENT:
-        return ATTND_ERR_NOT_FOUND;
-    case NNG_EPERM:
-        return ATTND_ERR_PERMISSION_DENIED;
-    default:
-        return ATTND_ERR_INTERNAL;
-    }
-}
 
 /* ---------------------------------------------------------------- live connections */
 
@@ -581,7 +560,7 @@ static attnd_err server_listen(attnd_server *srv, const char *key, const char *u
     if (rv == 0) rv = nng_listener_start(*l, 0);
     if (rv != 0) {
         snprintf(err, n, "%s: cannot listen on %s: %s", key, url, nng_strerror(rv));
-        return map_nng(rv);
+        return attnd_err_from_nng(rv);
     }
     srv->nlisteners++;
     ATTND_LOG(srv->log, ATTND_LOG_INFO, "event=listen url=%s", url);
@@ -601,7 +580,7 @@ static attnd_err server_open(attnd_server *srv, const attnd_config *cfg, char *e
     if (nrv == 0) nrv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, server_pipe_cb, srv);
     if (nrv != 0) {
         snprintf(err, n, "server: socket: %s", nng_strerror(nrv));
-        return map_nng(nrv);
+        return attnd_err_from_nng(nrv);
     }
     for (uint32_t i = 0; i < srv->nslots; i++) {
         srv_slot *sl = &srv->slots[i];
@@ -609,7 +588,7 @@ static attnd_err server_open(attnd_server *srv, const attnd_config *cfg, char *e
         if ((nrv = nng_aio_alloc(&sl->aio, server_slot_cb, sl)) != 0 ||
             (nrv = nng_ctx_open(&sl->ctx, srv->sock)) != 0) {
             snprintf(err, n, "server.workers: context %u: %s", i, nng_strerror(nrv));
-            return map_nng(nrv);
+            return attnd_err_from_nng(nrv);
         }
     }
     if ((rv = server_listen(srv, "server.listen", c->listen, c, err, n)) != ATTND_ERR_OK) return rv;

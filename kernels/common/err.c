@@ -1,5 +1,8 @@
 #include "attnd/err.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *attnd_strerror(attnd_err err)
 {
     switch (err) {
@@ -22,4 +25,14 @@ const char *attnd_err_name(attnd_err err)
 #undef ATTND_ERR_STR
     }
     return "UNKNOWN";
+}
+
+attnd_err attnd_errf(char *buf, size_t n, attnd_err code, const char *fmt, ...)
+{
+    va_list ap;
+    if (buf == NULL || n == 0) return code;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    return code;
 }

@@ -3,6 +3,8 @@
 #ifndef ATTND_ERR_H
 #define ATTND_ERR_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,6 +35,14 @@ const char *attnd_strerror(attnd_err err);
 
 /* Stable upper-case name of a code ("INVALID_ARGUMENT"); "UNKNOWN" otherwise. */
 const char *attnd_err_name(attnd_err err);
+
+/* printf into a caller's message buffer (nothing when buf is NULL or n is 0); returns code, so
+ * that `return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "field: %d", v);` fails in one line. */
+attnd_err attnd_errf(char *buf, size_t n, attnd_err code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 #ifdef __cplusplus
 }
