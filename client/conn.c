@@ -374,8 +374,8 @@ static attnd_err transport_fail(attnd_client *c, const Attnd__Request *req, cons
         pthread_mutex_unlock(&c->mu);
     }
     if (attnd_client_is_lost(c)) return attnd_client_fail_lost(c, req);
-    return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s: %s", attnd_client_body_name(req->body_case),
-                             stage, nng_strerror(rv));
+    return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s: %s",
+                             attnd_client_body_name(req->body_case), stage, nng_strerror(rv));
 }
 
 static int64_t now_ms(void)
@@ -409,8 +409,8 @@ static attnd_err exchange(attnd_client *c, call_slot *s, const Attnd__Request *r
     nng_msg *m;
     int rv;
     if ((rv = nng_msg_alloc(&m, attnd__request__get_packed_size(req))) != 0)
-        return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s", attnd_client_body_name(req->body_case),
-                                 nng_strerror(rv));
+        return attnd_client_fail(c, attnd_err_from_nng(rv), "%s: %s",
+                                 attnd_client_body_name(req->body_case), nng_strerror(rv));
     attnd__request__pack(req, nng_msg_body(m));
     nng_aio_set_msg(s->aio, m);
     nng_aio_set_timeout(s->aio, remaining(timeout, start));
