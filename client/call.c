@@ -52,13 +52,14 @@ attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **
 {
     const char *what = attnd_client_body_name(req->body_case);
     reply_sink sink = {.c = c, .req = req};
-    char err[sizeof c->last_error] = "";
+    char err[sizeof c->last_error];
     attnd_client_transport_call call = {.req = req,
                                         .reply_cb = reply_decode_cb,
                                         .reply_arg = &sink,
                                         .err = err,
                                         .err_cap = sizeof err};
     *rep = NULL;
+    err[0] = '\0';
     if (!c->dialed)
         return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "%s: not connected (dial first)", what);
     req->id = atomic_fetch_add(&c->next_id, 1);
@@ -137,6 +138,7 @@ static attnd_err chan_open(attnd_client *c, int32_t slots, attnd_client_chan **o
         .shm_gid = c->shm_gid,
         .hooks = {.arg = c, .wake = chan_wake_hook, .lost = chan_lost_hook},
     };
+    attnd_client_chan *ch;
     char err[256];
     uint32_t id = 0;
     attnd_err rv;
@@ -144,17 +146,17 @@ static attnd_err chan_open(attnd_client *c, int32_t slots, attnd_client_chan **o
     if (si == NULL)
         return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "channel: no session (hello first)");
     cfg.limits = &si->limits;
-    if ((rv = attnd_client_chan_alloc(out, &cfg, err, sizeof err)) != ATTND_ERR_OK)
+    if ((rv = attnd_client_chan_alloc(&ch, &cfg, err, sizeof err)) != ATTND_ERR_OK)
         return attnd_client_fail(c, rv, "%s", err);
-    rv = chan_register(c, *out, &id);
+    rv = chan_register(c, ch, &id);
     /* mapped by both sides now (or refused): drop the name, so nothing outlives the processes */
-    attnd_client_chan_unlink(*out);
+    attnd_client_chan_unlink(ch);
     if (rv != ATTND_ERR_OK) {
-        attnd_client_chan_transport.free(*out);
-        *out = NULL;
+        attnd_client_chan_transport.free(ch);
         return rv;
     }
-    attnd_client_chan_start(*out, id);
+    attnd_client_chan_start(ch, id);
+    *out = ch;
     return ATTND_ERR_OK;
 }
 
