@@ -1,14 +1,9 @@
-/* Regions: register / unregister, and the POSIX shared-memory helper. */
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
+/* Regions: register / unregister, and shm objects made and registered as regions
+ * (attnd_client_shm_create / destroy). */
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "client_int.h"
+#include "shm.h"
 
 #define ATTND_CUDA_IPC_HANDLE_BYTES 64
 
@@ -66,95 +61,57 @@ attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region)
     return ATTND_ERR_OK;
 }
 
-/* ---------------------------------------------------------------- shm helper */
+/* ---------------------------------------------------------------- shm regions */
 
-/* shm_open a new, exclusive object named "/<prefix>-<pid>-<tag>-<salt>" into name. Returns the
- * fd or -1. */
-static int shm_open_unique(const char *prefix, unsigned long tag, char *name, size_t cap)
+_Static_assert(sizeof(((attnd_shm *)0)->name) == sizeof(((attnd_client_shm_object *)0)->name),
+               "an shm region keeps its object's name");
+
+static void shm_from_object(attnd_shm *shm, const attnd_client_shm_object *o)
 {
-    struct timespec ts;
-    for (int attempt = 0; attempt < 16; attempt++) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        snprintf(name, cap, "/%s-%ld-%lx-%lx", prefix, (long)getpid(), tag,
-                 (unsigned long)(ts.tv_nsec ^ ((unsigned long)attempt << 24)));
-        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0660);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    errno = EEXIST;
-    return -1;
+    memcpy(shm->name, o->name, sizeof shm->name);
+    shm->base = o->base;
+    shm->size = o->size;
 }
 
-attnd_err attnd_client_shm_new(attnd_client *c, const char *what, const char *prefix,
-                               unsigned long tag, size_t size, char *name, size_t cap, void **base)
+static attnd_client_shm_object shm_object_of(const attnd_shm *shm)
 {
-    int fd = shm_open_unique(prefix, tag, name, cap);
-    *base = NULL;
-    if (fd < 0)
-        return attnd_client_fail(c, ATTND_ERR_INTERNAL, "%sshm_open %s: %s", what, name,
-                                 strerror(errno));
-    attnd_client_shm_share(c, fd);
-    if (ftruncate(fd, (off_t)size) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(name);
-        return attnd_client_fail(
-            c, e == ENOSPC || e == ENOMEM ? ATTND_ERR_NO_MEMORY : ATTND_ERR_INTERNAL,
-            "%sftruncate %s to %zu bytes: %s", what, name, size, strerror(e));
-    }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        int e = errno;
-        shm_unlink(name);
-        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "%smmap %s (%zu bytes): %s", what, name,
-                                 size, strerror(e));
-    }
-    *base = p;
-    return ATTND_ERR_OK;
-}
-
-/* Create and map the object (no daemon involved). */
-static attnd_err shm_map_new(attnd_client *c, size_t size, attnd_shm *shm)
-{
-    void *base;
-    attnd_err rv =
-        attnd_client_shm_new(c, "", "attnd", shm->region, size, shm->name, sizeof shm->name, &base);
-    if (rv != ATTND_ERR_OK) return rv;
-    shm->base = base;
-    shm->size = size;
-    return ATTND_ERR_OK;
-}
-
-static void shm_unmap(attnd_shm *shm)
-{
-    if (shm->base != NULL) munmap(shm->base, shm->size);
-    memset(shm, 0, sizeof *shm);
+    attnd_client_shm_object o;
+    memcpy(o.name, shm->name, sizeof o.name);
+    o.base = shm->base;
+    o.size = shm->size;
+    return o;
 }
 
 attnd_err attnd_client_shm_create(attnd_client *c, size_t size, attnd_shm *shm)
 {
+    attnd_client_shm_object o;
+    char err[256];
     attnd_err rv;
     memset(shm, 0, sizeof *shm);
     if (size == 0) return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "shm_create: size 0");
-    shm->region = attnd_client_region_next_id(c);
-    if ((rv = shm_map_new(c, size, shm)) != ATTND_ERR_OK) {
-        memset(shm, 0, sizeof *shm);
+    uint32_t region = attnd_client_region_next_id(c);
+    if ((rv = attnd_client_shm_object_create(&o, "attnd", region, size, c->shm_gid, err,
+                                             sizeof err)) != ATTND_ERR_OK)
+        return attnd_client_fail(c, rv, "%s", err);
+    rv = attnd_client_region_register_shm(c, region, o.name, size);
+    /* both sides have it mapped (or the daemon refused it): drop the name, so nothing outlives
+     * the two processes */
+    attnd_client_shm_object_unlink(&o);
+    if (rv != ATTND_ERR_OK) {
+        attnd_client_shm_object_unmap(&o);
         return rv;
     }
-    if ((rv = attnd_client_region_register_shm(c, shm->region, shm->name, size)) != ATTND_ERR_OK) {
-        shm_unlink(shm->name);
-        shm_unmap(shm);
-        return rv;
-    }
-    /* Both sides have it mapped: drop the name, so nothing outlives the two processes. */
-    shm_unlink(shm->name);
+    shm_from_object(shm, &o);
+    shm->region = region;
     return ATTND_ERR_OK;
 }
 
 attnd_err attnd_client_shm_destroy(attnd_client *c, attnd_shm *shm)
 {
+    attnd_client_shm_object o = shm_object_of(shm);
     attnd_err rv = ATTND_ERR_OK;
     if (c != NULL && shm->region != 0) rv = attnd_client_region_unregister(c, shm->region);
-    shm_unmap(shm);
+    attnd_client_shm_object_unmap(&o);
+    memset(shm, 0, sizeof *shm);
     return rv;
 }

@@ -1,44 +1,34 @@
-/* Same-host shared-memory channel, the client's side (proto/attnd_channel.h has the layout and
- * the protocols): make and register the object, post per-layer requests in its slots and wait
- * for their replies, spinning first, then asleep on a futex. Everything else, and every
- * request that does not fit a slot, takes the socket. */
-#include <errno.h>
-#include <fcntl.h>
+/* The shared-memory channel transport (channel_transport.h). */
+#include "channel_transport.h"
+
 #include <linux/futex.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "attnd/clock.h"
 #include "attnd_channel.h"
-#include "client_int.h"
+#include "shm.h"
 
 /* How long one futex wait lasts at most: a lost connection or a closed channel is noticed within
  * it, since neither wakes the futex. */
 #define WAIT_SLICE_NS 5000000LL
 
 struct attnd_client_chan {
-    void *base;
-    size_t size;
+    attnd_client_shm_object shm;
     uint32_t id; /* the daemon's */
     uint32_t nslots, req_bytes, rep_bytes;
     int64_t spin_ns;
+    attnd_client_chan_hooks hooks;
     _Atomic uint64_t busy;  /* slots claimed by a call, or stale */
     _Atomic uint64_t stale; /* slots whose call gave up: free again once rep_seq == req_seq */
     _Atomic int active;     /* 0 once the daemon closed it */
-    char name[64];
 };
 
 static int64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return (int64_t)attnd_clock_ns();
 }
 
 static inline void cpu_relax(void)
@@ -50,20 +40,15 @@ static inline void cpu_relax(void)
 
 static attnd_channel_header *chan_header(const attnd_client_chan *ch)
 {
-    return (attnd_channel_header *)ch->base;
+    return (attnd_channel_header *)ch->shm.base;
 }
 
 static attnd_channel_slot *chan_slot(const attnd_client_chan *ch, uint32_t i)
 {
-    return attnd_channel_slot_at(ch->base, i);
+    return attnd_channel_slot_at(ch->shm.base, i);
 }
 
-int attnd_client_chan_active(const attnd_client_chan *ch)
-{
-    return ch != NULL && atomic_load_explicit(&ch->active, memory_order_relaxed);
-}
-
-/* ---------------------------------------------------------------- open / close */
+/* ---------------------------------------------------------------- making one */
 
 static uint32_t round64(uint64_t v)
 {
@@ -82,12 +67,12 @@ static void chan_sizes(attnd_client_chan *ch, const attnd_limits *l)
 
 /* Create, size and map the object and write its header (no daemon involved). Named by the
  * live object's address (unique within the process; the library keeps no global counter). */
-static attnd_err chan_map_new(attnd_client *c, attnd_client_chan *ch)
+static attnd_err chan_map_new(attnd_client_chan *ch, int64_t gid, char *err, size_t errlen)
 {
     attnd_channel_header *h;
-    ch->size = (size_t)attnd_channel_size(ch->nslots, ch->req_bytes, ch->rep_bytes);
-    attnd_err rv = attnd_client_shm_new(c, "channel: ", "attnd-ch", (unsigned long)(uintptr_t)ch,
-                                        ch->size, ch->name, sizeof ch->name, &ch->base);
+    size_t size = (size_t)attnd_channel_size(ch->nslots, ch->req_bytes, ch->rep_bytes);
+    attnd_err rv = attnd_client_shm_object_create(
+        &ch->shm, "attnd-ch", (unsigned long)(uintptr_t)ch, size, gid, err, errlen);
     if (rv != ATTND_ERR_OK) return rv;
     h = chan_header(ch);
     h->magic = ATTND_CHANNEL_MAGIC;
@@ -98,76 +83,71 @@ static attnd_err chan_map_new(attnd_client *c, attnd_client_chan *ch)
     return ATTND_ERR_OK;
 }
 
-/* OpenChannel on the socket: the daemon maps the object and names the channel. */
-static attnd_err chan_register(attnd_client *c, attnd_client_chan *ch)
+attnd_err attnd_client_chan_alloc(attnd_client_chan **out, const attnd_client_chan_config *cfg,
+                                  char *err, size_t errlen)
 {
-    Attnd__Request req = ATTND__REQUEST__INIT;
-    Attnd__OpenChannel m = ATTND__OPEN_CHANNEL__INIT;
-    Attnd__Reply *rep;
-    attnd_err rv;
-    m.shm_name = ch->name;
-    m.size = ch->size;
-    req.body_case = ATTND__REQUEST__BODY_OPEN_CHANNEL;
-    req.open_channel = &m;
-    if ((rv = attnd_client_rpc(c, &req, &rep)) != ATTND_ERR_OK) return rv;
-    if (rep->body_case != ATTND__REPLY__BODY_CHANNEL || rep->channel->channel == 0)
-        rv = attnd_client_fail(c, ATTND_ERR_PROTOCOL, "open_channel: reply without a channel");
-    else
-        ch->id = rep->channel->channel;
-    attnd__reply__free_unpacked(rep, NULL);
-    return rv;
-}
-
-attnd_err attnd_client_chan_open(attnd_client *c, int32_t slots, int32_t spin_us,
-                                 attnd_client_chan **out)
-{
-    const attnd_server_info *si = attnd_client_server(c);
+    int32_t slots = cfg->slots == 0 ? ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS : cfg->slots;
+    int32_t spin_us = cfg->spin_us;
     attnd_client_chan *ch;
-    attnd_err rv;
+    char why[256];
     *out = NULL;
-    if (si == NULL)
-        return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "channel: no session (hello first)");
-    if (slots == 0) slots = ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS;
     if (slots < 1 || slots > (int32_t)ATTND_CHANNEL_MAX_SLOTS)
-        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "channel_slots: %d out of 1..%u",
-                                 slots, ATTND_CHANNEL_MAX_SLOTS);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "channel_slots: %d out of 1..%u",
+                          slots, ATTND_CHANNEL_MAX_SLOTS);
     if ((ch = calloc(1, sizeof *ch)) == NULL)
-        return attnd_client_fail(c, ATTND_ERR_NO_MEMORY, "channel: out of memory");
+        return attnd_errf(err, errlen, ATTND_ERR_NO_MEMORY, "channel: out of memory");
     ch->nslots = (uint32_t)slots;
     ch->spin_ns =
         spin_us < 0 ? 0 : (int64_t)(spin_us ? spin_us : ATTND_CLIENT_DEFAULT_SPIN_US) * 1000;
-    chan_sizes(ch, &si->limits);
-    if ((rv = chan_map_new(c, ch)) != ATTND_ERR_OK) goto fail;
-    rv = chan_register(c, ch);
-    /* mapped by both sides now (or refused): drop the name, so nothing outlives the processes */
-    shm_unlink(ch->name);
-    if (rv != ATTND_ERR_OK) goto fail;
-    atomic_store(&ch->active, 1);
+    ch->hooks = cfg->hooks;
+    chan_sizes(ch, cfg->limits);
+    attnd_err rv = chan_map_new(ch, cfg->shm_gid, why, sizeof why);
+    if (rv != ATTND_ERR_OK) {
+        free(ch);
+        return attnd_errf(err, errlen, rv, "channel: %s", why);
+    }
     *out = ch;
     return ATTND_ERR_OK;
-fail:
-    if (ch->base != NULL) munmap(ch->base, ch->size);
-    free(ch);
-    return rv;
 }
 
-attnd_err attnd_client_chan_close(attnd_client *c, attnd_client_chan *ch, int tell)
+const char *attnd_client_chan_shm_name(const attnd_client_chan *ch)
 {
-    Attnd__Request req = ATTND__REQUEST__INIT;
-    Attnd__CloseChannel m = ATTND__CLOSE_CHANNEL__INIT;
-    Attnd__Reply *rep;
-    attnd_err rv = ATTND_ERR_OK;
-    if (ch == NULL) return ATTND_ERR_OK;
-    if (tell && attnd_client_chan_active(ch)) {
-        m.channel = ch->id;
-        req.body_case = ATTND__REQUEST__BODY_CLOSE_CHANNEL;
-        req.close_channel = &m;
-        if ((rv = attnd_client_rpc(c, &req, &rep)) == ATTND_ERR_OK)
-            attnd__reply__free_unpacked(rep, NULL);
-    }
-    munmap(ch->base, ch->size);
+    return ch->shm.name;
+}
+
+uint64_t attnd_client_chan_size(const attnd_client_chan *ch)
+{
+    return ch->shm.size;
+}
+
+void attnd_client_chan_unlink(const attnd_client_chan *ch)
+{
+    attnd_client_shm_object_unlink(&ch->shm);
+}
+
+void attnd_client_chan_start(attnd_client_chan *ch, uint32_t id)
+{
+    ch->id = id;
+    atomic_store(&ch->active, 1);
+}
+
+uint32_t attnd_client_chan_id(const attnd_client_chan *ch)
+{
+    return ch->id;
+}
+
+static int chan_active(const void *self)
+{
+    const attnd_client_chan *ch = self;
+    return ch != NULL && atomic_load_explicit(&ch->active, memory_order_relaxed);
+}
+
+static void chan_free(void *self)
+{
+    attnd_client_chan *ch = self;
+    if (ch == NULL) return;
+    attnd_client_shm_object_unmap(&ch->shm);
     free(ch);
-    return rv;
 }
 
 /* ---------------------------------------------------------------- slots */
@@ -248,49 +228,35 @@ static int chan_carries(const Attnd__Request *req)
     }
 }
 
-static attnd_err chan_closed(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req)
+static attnd_err chan_closed(attnd_client_chan *ch, attnd_client_transport_call *call)
 {
     atomic_store(&ch->active, 0);
-    return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "%s: channel: closed by the daemon",
-                             attnd_client_body_name(req->body_case));
+    return attnd_errf(call->err, call->err_cap, ATTND_ERR_UNAVAILABLE,
+                      "channel: closed by the daemon");
 }
 
-/* WakeChannel on the socket: its reply means the daemon polls again. Only a hint: whatever it
- * gets (a daemon draining may refuse it and still serve the slot), the call waits for its
- * slot's reply, and a lost connection, a closed channel or the deadline ends that wait. */
-static void chan_wake(attnd_client *c, attnd_client_chan *ch)
-{
-    Attnd__Request req = ATTND__REQUEST__INIT;
-    Attnd__WakeChannel m = ATTND__WAKE_CHANNEL__INIT;
-    Attnd__Reply *rep;
-    m.channel = ch->id;
-    req.body_case = ATTND__REQUEST__BODY_WAKE_CHANNEL;
-    req.wake_channel = &m;
-    if (attnd_client_rpc(c, &req, &rep) == ATTND_ERR_OK) attnd__reply__free_unpacked(rep, NULL);
-}
-
-/* Write the packed request (len bytes) into slot i and publish it (its seq in *seq); then make
- * sure the daemon will look (Dekker with its "store ASLEEP, then poll once more"). UNAVAILABLE
- * when the daemon closed the channel. */
-static attnd_err slot_post(attnd_client *c, attnd_client_chan *ch, uint32_t i,
-                           const Attnd__Request *req, size_t len, uint32_t *seq)
+/* Write the packed request into slot i and publish it (its seq in *seq); then make sure the
+ * daemon will look (Dekker with its "store ASLEEP, then poll once more"): a daemon asleep gets a
+ * wake-up through the hook. UNAVAILABLE when the daemon closed the channel. */
+static attnd_err slot_post(attnd_client_chan *ch, uint32_t i, attnd_client_transport_call *call,
+                           uint32_t *seq)
 {
     attnd_channel_slot *s = chan_slot(ch, i);
     uint32_t n = atomic_load_explicit(&s->req_seq, memory_order_relaxed) + 1;
     if (n == 0) n = 1; /* 0 is never posted */
-    attnd__request__pack(
-        req, attnd_channel_req_area(ch->base, ch->nslots, ch->req_bytes, ch->rep_bytes, i));
-    s->req_len = (uint32_t)len;
+    attnd__request__pack(call->req, attnd_channel_req_area(ch->shm.base, ch->nslots, ch->req_bytes,
+                                                           ch->rep_bytes, i));
+    s->req_len = (uint32_t)call->req_len;
     atomic_store(&s->req_seq, n);
     *seq = n;
     switch (atomic_load(&chan_header(ch)->daemon_state)) {
     case ATTND_CHANNEL_DAEMON_POLLING:
         return ATTND_ERR_OK;
     case ATTND_CHANNEL_DAEMON_ASLEEP:
-        chan_wake(c, ch);
+        ch->hooks.wake(ch->hooks.arg, ch->id);
         return ATTND_ERR_OK;
     default:
-        return chan_closed(c, ch, req);
+        return chan_closed(ch, call);
     }
 }
 
@@ -316,7 +282,7 @@ static void futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t ns)
 
 /* Sleep on rep_seq (client_waiting set, so the daemon wakes us) in slices, watching the
  * connection, the channel and the deadline. */
-static attnd_err wait_sleep(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
+static attnd_err wait_sleep(attnd_client_chan *ch, attnd_client_transport_call *call,
                             attnd_channel_slot *s, uint32_t n, int64_t deadline)
 {
     attnd_err rv = ATTND_ERR_OK;
@@ -325,12 +291,13 @@ static attnd_err wait_sleep(attnd_client *c, attnd_client_chan *ch, const Attnd_
         uint32_t cur = atomic_load(&s->rep_seq); /* seq_cst: Dekker with the daemon's wake */
         int64_t t = now_ns(), slice = WAIT_SLICE_NS;
         if (cur == n) break;
-        if (attnd_client_is_lost(c)) {
-            rv = attnd_client_fail_lost(c, req);
+        if (ch->hooks.lost(ch->hooks.arg)) {
+            call->lost = 1;
+            rv = ATTND_ERR_UNAVAILABLE;
             break;
         }
         if (atomic_load(&chan_header(ch)->daemon_state) == ATTND_CHANNEL_DAEMON_CLOSED) {
-            rv = chan_closed(c, ch, req);
+            rv = chan_closed(ch, call);
             break;
         }
         if (deadline >= 0 && t >= deadline) {
@@ -344,49 +311,51 @@ static attnd_err wait_sleep(attnd_client *c, attnd_client_chan *ch, const Attnd_
     return rv;
 }
 
-/* Wait for slot i's reply n and decode it. */
-static attnd_err slot_reply(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
-                            uint32_t i, uint32_t n, int64_t deadline, Attnd__Reply **rep)
+/* Wait for slot i's reply n and hand it to the call's callback. */
+static attnd_err slot_reply(attnd_client_chan *ch, attnd_client_transport_call *call, uint32_t i,
+                            uint32_t n, int64_t deadline)
 {
     attnd_channel_slot *s = chan_slot(ch, i);
-    const char *what = attnd_client_body_name(req->body_case);
     attnd_err rv;
     uint32_t len;
     if (!wait_spin(ch, s, n, deadline) &&
-        (rv = wait_sleep(c, ch, req, s, n, deadline)) != ATTND_ERR_OK) {
+        (rv = wait_sleep(ch, call, s, n, deadline)) != ATTND_ERR_OK) {
         if (rv == ATTND_ERR_TIMEOUT)
-            attnd_client_fail(c, rv, "%s: no reply in time (channel %u, slot %u)", what, ch->id, i);
+            attnd_errf(call->err, call->err_cap, rv, "no reply in time (channel %u, slot %u)",
+                       ch->id, i);
         return rv;
     }
     len = s->rep_len;
     if (len > ch->rep_bytes)
-        return attnd_client_fail(c, ATTND_ERR_PROTOCOL, "%s: reply of %u bytes in a %u-byte slot",
-                                 what, len, ch->rep_bytes);
-    return attnd_client_decode(
-        c, req, attnd_channel_rep_area(ch->base, ch->nslots, ch->req_bytes, ch->rep_bytes, i), len,
-        rep);
+        return attnd_errf(call->err, call->err_cap, ATTND_ERR_PROTOCOL,
+                          "reply of %u bytes in a %u-byte slot", len, ch->rep_bytes);
+    call->reply_cb(
+        call->reply_arg,
+        attnd_channel_rep_area(ch->shm.base, ch->nslots, ch->req_bytes, ch->rep_bytes, i), len);
+    return ATTND_ERR_OK;
 }
 
-int attnd_client_chan_rpc(attnd_client *c, attnd_client_chan *ch, const Attnd__Request *req,
-                          int32_t timeout_ms, attnd_err *rv, Attnd__Reply **rep)
+static int chan_call(void *self, attnd_client_transport_call *call)
 {
+    attnd_client_chan *ch = self;
     int64_t deadline;
     uint32_t n;
-    size_t len;
     int i;
-    if (!attnd_client_chan_active(ch) || !chan_carries(req)) return 0;
-    if ((len = attnd__request__get_packed_size(req)) > ch->req_bytes) return 0;
+    if (!chan_active(ch) || !chan_carries(call->req) || call->req_len > ch->req_bytes) return 0;
     if ((i = slot_claim(ch)) < 0) return 0;
-    deadline = timeout_ms < 0 ? -1 : now_ns() + (int64_t)timeout_ms * 1000000;
-    if ((*rv = slot_post(c, ch, (uint32_t)i, req, len, &n)) != ATTND_ERR_OK ||
-        (*rv = slot_reply(c, ch, req, (uint32_t)i, n, deadline, rep)) != ATTND_ERR_OK) {
-        /* a reply that came but did not decode still frees the slot */
-        if (atomic_load(&chan_slot(ch, (uint32_t)i)->rep_seq) == n)
-            slot_release(ch, (uint32_t)i);
-        else
-            slot_abandon(ch, (uint32_t)i);
-        return 1;
-    }
-    slot_release(ch, (uint32_t)i);
+    deadline = call->timeout_ms < 0 ? -1 : now_ns() + (int64_t)call->timeout_ms * 1000000;
+    if ((call->rv = slot_post(ch, (uint32_t)i, call, &n)) == ATTND_ERR_OK)
+        call->rv = slot_reply(ch, call, (uint32_t)i, n, deadline);
+    /* a reply that came (even one too long to take) frees the slot; else it waits for it */
+    if (atomic_load(&chan_slot(ch, (uint32_t)i)->rep_seq) == n)
+        slot_release(ch, (uint32_t)i);
+    else
+        slot_abandon(ch, (uint32_t)i);
     return 1;
 }
+
+const attnd_client_transport_ops attnd_client_chan_transport = {
+    .call = chan_call,
+    .active = chan_active,
+    .free = chan_free,
+};

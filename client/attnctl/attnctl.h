@@ -1,10 +1,11 @@
 /* attnctl internals: the shared state of one run and the commands. */
-#ifndef ATTND_CLIENT_ATTNCTL_H
-#define ATTND_CLIENT_ATTNCTL_H
+#ifndef ATTND_ATTNCTL_ATTNCTL_H
+#define ATTND_ATTNCTL_ATTNCTL_H
 
 #include <stdint.h>
 
 #include "attnd/client.h"
+#include "attnd/clock.h"
 
 /* Exit statuses. */
 #define ATTNCTL_OK 0
@@ -34,8 +35,11 @@ int attnctl_usage_error(const char *cmd, const char *fmt, ...)
 int attnctl_parse_u64(const char *s, uint64_t *out);
 /* Parse a dtype name (f32, f16, bf16 as well as attnd_dtype_parse's names). */
 int attnctl_parse_dtype(const char *s, attnd_dtype *out);
-/* Monotonic time in seconds. */
-double attnctl_now(void);
+/* Monotonic time in seconds (attnd_clock_ns). */
+static inline double attnctl_now(void)
+{
+    return (double)attnd_clock_ns() * 1e-9;
+}
 
 int attnctl_cmd_seqs(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_create(attnctl *ctl, int argc, char **argv);

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attnctl.h"
 
@@ -81,13 +80,6 @@ int attnctl_parse_dtype(const char *s, attnd_dtype *out)
     if (strcmp(s, "float16") == 0) s = "f16";
     if (strcmp(s, "bfloat16") == 0) s = "bf16";
     return attnd_dtype_parse(s, out);
-}
-
-double attnctl_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int attnctl_session(attnctl *ctl)

@@ -1,7 +1,6 @@
-/* .npy read / write / convert. */
+/* .npy read / write / convert (attnd/npy.h): part of libattnd-client, written for attnctl. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,19 +11,6 @@
 #define NPY_MAGIC_LEN 6
 #define NPY_ALIGN 64
 #define NPY_MAX_HEADER (1u << 20)
-
-static attnd_err npy_fail(char *err, size_t errlen, attnd_err code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static attnd_err npy_fail(char *err, size_t errlen, attnd_err code, const char *fmt, ...)
-{
-    va_list ap;
-    if (err == NULL || errlen == 0) return code;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 int64_t attnd_npy_numel(const attnd_npy *arr)
 {
@@ -122,7 +108,7 @@ static attnd_err parse_descr(const char *hdr, attnd_dtype *dt, char *err, size_t
     char d[16] = {0};
     size_t n = 0;
     if (v == NULL || (*v != '\'' && *v != '"'))
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no descr", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no descr", path);
     for (v++; *v && *v != '\'' && *v != '"' && n < sizeof d - 1;)
         d[n++] = *v++;
     /* byte order: '<' little, '=' native (little here), '|' not applicable (1-byte types) */
@@ -134,8 +120,8 @@ static attnd_err parse_descr(const char *hdr, attnd_dtype *dt, char *err, size_t
             }
         }
     }
-    return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED,
-                    "%s: dtype '%s' unsupported (little-endian f4, f2, i4, i8)", path, d);
+    return attnd_errf(err, errlen, ATTND_ERR_UNSUPPORTED,
+                      "%s: dtype '%s' unsupported (little-endian f4, f2, i4, i8)", path, d);
 }
 
 static attnd_err parse_shape(const char *hdr, attnd_npy *arr, char *err, size_t errlen,
@@ -144,7 +130,7 @@ static attnd_err parse_shape(const char *hdr, attnd_npy *arr, char *err, size_t 
     const char *v = dict_value(hdr, "shape");
     char *end;
     if (v == NULL || *v != '(')
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no shape", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no shape", path);
     v++;
     arr->ndim = 0;
     for (;;) {
@@ -152,13 +138,13 @@ static attnd_err parse_shape(const char *hdr, attnd_npy *arr, char *err, size_t 
             v++;
         if (*v == ')') return ATTND_ERR_OK;
         if (arr->ndim == ATTND_NPY_MAX_DIMS)
-            return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: more than %d dims", path,
-                            ATTND_NPY_MAX_DIMS);
+            return attnd_errf(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: more than %d dims", path,
+                              ATTND_NPY_MAX_DIMS);
         errno = 0;
         long long x = strtoll(v, &end, 10);
         if (end == v || errno != 0 || x < 0)
-            return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: bad shape entry '%.16s'",
-                            path, v);
+            return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT,
+                              "%s: bad shape entry '%.16s'", path, v);
         arr->shape[arr->ndim++] = x;
         v = end;
         while (*v == 'L')
@@ -173,11 +159,11 @@ static attnd_err parse_header(const char *hdr, attnd_npy *arr, char *err, size_t
     attnd_err rv;
     if ((rv = parse_descr(hdr, &arr->dtype, err, errlen, path)) != ATTND_ERR_OK) return rv;
     if (fo == NULL)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header has no fortran_order",
-                        path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: header has no fortran_order", path);
     if (strncmp(fo, "False", 5) != 0)
-        return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: fortran_order arrays unsupported",
-                        path);
+        return attnd_errf(err, errlen, ATTND_ERR_UNSUPPORTED,
+                          "%s: fortran_order arrays unsupported", path);
     return parse_shape(hdr, arr, err, errlen, path);
 }
 
@@ -187,18 +173,18 @@ static attnd_err read_preamble(FILE *f, uint32_t *hlen, char *err, size_t errlen
     unsigned char pre[NPY_MAGIC_LEN + 2], len[4] = {0};
     size_t lenbytes;
     if (fread(pre, 1, sizeof pre, f) != sizeof pre || memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: not a .npy file", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: not a .npy file", path);
     if (pre[NPY_MAGIC_LEN] < 1 || pre[NPY_MAGIC_LEN] > 3)
-        return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: .npy version %u.%u unsupported",
-                        path, pre[NPY_MAGIC_LEN], pre[NPY_MAGIC_LEN + 1]);
+        return attnd_errf(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: .npy version %u.%u unsupported",
+                          path, pre[NPY_MAGIC_LEN], pre[NPY_MAGIC_LEN + 1]);
     lenbytes = pre[NPY_MAGIC_LEN] == 1 ? 2 : 4;
     if (fread(len, 1, lenbytes, f) != lenbytes)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: truncated header", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: truncated header", path);
     *hlen =
         (uint32_t)len[0] | (uint32_t)len[1] << 8 | (uint32_t)len[2] << 16 | (uint32_t)len[3] << 24;
     if (*hlen == 0 || *hlen > NPY_MAX_HEADER)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header length %u", path,
-                        *hlen);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header length %u", path,
+                          *hlen);
     return ATTND_ERR_OK;
 }
 
@@ -212,19 +198,19 @@ static attnd_err read_file(FILE *f, attnd_npy *arr, char *err, size_t errlen, co
     if ((rv = read_preamble(f, &hlen, err, errlen, path)) != ATTND_ERR_OK) return rv;
     if ((hdr = calloc(1, (size_t)hlen + 1)) == NULL) return ATTND_ERR_NO_MEMORY;
     if (fread(hdr, 1, hlen, f) != hlen)
-        rv = npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: truncated header", path);
+        rv = attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: truncated header", path);
     else
         rv = parse_header(hdr, &meta, err, errlen, path);
     free(hdr);
     if (rv != ATTND_ERR_OK) return rv;
     if (npy_nbytes(meta.dtype, meta.ndim, meta.shape) == 0 && attnd_npy_numel(&meta) != 0)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: shape too large", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: shape too large", path);
     if ((rv = attnd_npy_alloc(arr, meta.dtype, meta.ndim, meta.shape)) != ATTND_ERR_OK)
-        return npy_fail(err, errlen, rv, "%s: cannot allocate the data", path);
+        return attnd_errf(err, errlen, rv, "%s: cannot allocate the data", path);
     if (fread(arr->data, 1, arr->bytes, f) != arr->bytes) {
         attnd_npy_free(arr);
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT,
-                        "%s: truncated data (shorter than its shape)", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: truncated data (shorter than its shape)", path);
     }
     return ATTND_ERR_OK;
 }
@@ -235,7 +221,7 @@ attnd_err attnd_npy_read(const char *path, attnd_npy *arr, char *err, size_t err
     attnd_err rv;
     memset(arr, 0, sizeof *arr);
     if (f == NULL)
-        return npy_fail(err, errlen, ATTND_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
+        return attnd_errf(err, errlen, ATTND_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
     rv = read_file(f, arr, err, errlen, path);
     fclose(f);
     return rv;
@@ -271,19 +257,19 @@ attnd_err attnd_npy_write(const char *path, const attnd_npy *arr, char *err, siz
     FILE *f;
     int ok;
     if (descr == NULL)
-        return npy_fail(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: dtype %s has no .npy form", path,
-                        attnd_dtype_name(arr->dtype));
+        return attnd_errf(err, errlen, ATTND_ERR_UNSUPPORTED, "%s: dtype %s has no .npy form", path,
+                          attnd_dtype_name(arr->dtype));
     if ((hlen = format_header(arr, descr, hdr, sizeof hdr)) == 0)
-        return npy_fail(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header too long", path);
+        return attnd_errf(err, errlen, ATTND_ERR_INVALID_ARGUMENT, "%s: header too long", path);
     pre[NPY_MAGIC_LEN + 1] = 0;
     pre[NPY_MAGIC_LEN + 2] = (unsigned char)(hlen & 0xff);
     pre[NPY_MAGIC_LEN + 3] = (unsigned char)(hlen >> 8);
     if ((f = fopen(path, "wb")) == NULL)
-        return npy_fail(err, errlen, ATTND_ERR_INTERNAL, "%s: %s", path, strerror(errno));
+        return attnd_errf(err, errlen, ATTND_ERR_INTERNAL, "%s: %s", path, strerror(errno));
     ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre && fwrite(hdr, 1, hlen, f) == hlen &&
          (arr->bytes == 0 || fwrite(arr->data, 1, arr->bytes, f) == arr->bytes);
     if (fclose(f) != 0) ok = 0;
-    if (!ok) return npy_fail(err, errlen, ATTND_ERR_INTERNAL, "%s: write failed", path);
+    if (!ok) return attnd_errf(err, errlen, ATTND_ERR_INTERNAL, "%s: write failed", path);
     return ATTND_ERR_OK;
 }
 

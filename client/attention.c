@@ -1,4 +1,5 @@
-/* Ops: Attend, MergeStates, VarlenAttention, BlocksparseAttention, LinearPrefill/Decode. */
+/* The attention calls: Attend, MergeStates, VarlenAttention, BlocksparseAttention,
+ * LinearPrefill / LinearDecode (encode the tensor fields, one round trip, inline outputs back). */
 #include <string.h>
 
 #include "client_int.h"
@@ -28,8 +29,8 @@ static attnd_err encode_refs(attnd_client *c, const ref_field *f, size_t n, Attn
 }
 
 /* Encode the fields, make the round trip, copy inline outputs (outs, in field order) back. */
-static attnd_err op_call(attnd_client *c, Attnd__Request *req, const ref_field *f, size_t nf,
-                         attnd_ref *const *outs, size_t nouts)
+static attnd_err call_with_refs(attnd_client *c, Attnd__Request *req, const ref_field *f, size_t nf,
+                                attnd_ref *const *outs, size_t nouts)
 {
     Attnd__TensorRef store[MAX_REF_FIELDS];
     Attnd__Reply *rep;
@@ -56,7 +57,7 @@ attnd_err attnd_client_attend(attnd_client *c, uint64_t step, uint32_t layer, co
     m.layer = layer;
     req.body_case = ATTND__REQUEST__BODY_ATTEND;
     req.attend = &m;
-    return op_call(c, &req, f, sizeof f / sizeof f[0], outs, 2);
+    return call_with_refs(c, &req, f, sizeof f / sizeof f[0], outs, 2);
 }
 
 attnd_err attnd_client_merge(attnd_client *c, const attnd_merge_args *a)
@@ -74,7 +75,7 @@ attnd_err attnd_client_merge(attnd_client *c, const attnd_merge_args *a)
     attnd_ref *const outs[] = {a->out, a->out_lse};
     req.body_case = ATTND__REQUEST__BODY_MERGE;
     req.merge = &m;
-    return op_call(c, &req, f, sizeof f / sizeof f[0], outs, 2);
+    return call_with_refs(c, &req, f, sizeof f / sizeof f[0], outs, 2);
 }
 
 attnd_err attnd_client_varlen(attnd_client *c, const attnd_varlen_args *a)
@@ -102,7 +103,7 @@ attnd_err attnd_client_varlen(attnd_client *c, const attnd_varlen_args *a)
     m.out_scale = a->out_scale;
     req.body_case = ATTND__REQUEST__BODY_VARLEN;
     req.varlen = &m;
-    return op_call(c, &req, f, sizeof f / sizeof f[0], outs, 1);
+    return call_with_refs(c, &req, f, sizeof f / sizeof f[0], outs, 1);
 }
 
 attnd_err attnd_client_blocksparse(attnd_client *c, const attnd_blocksparse_args *a)
@@ -127,7 +128,7 @@ attnd_err attnd_client_blocksparse(attnd_client *c, const attnd_blocksparse_args
     m.scale = a->scale;
     req.body_case = ATTND__REQUEST__BODY_BLOCKSPARSE;
     req.blocksparse = &m;
-    return op_call(c, &req, f, sizeof f / sizeof f[0], outs, 1);
+    return call_with_refs(c, &req, f, sizeof f / sizeof f[0], outs, 1);
 }
 
 /* LinearPrefill and LinearDecode share their fields but not their message types. */
@@ -155,7 +156,7 @@ static attnd_err linear_call(attnd_client *c, Attnd__Request *req, const linear_
     *lf->seq_ids = (uint64_t *)a->seq_ids;
     *lf->n_slopes = a->num_slopes;
     *lf->slopes = (float *)a->slopes;
-    return op_call(c, req, f, sizeof f / sizeof f[0], outs, 1);
+    return call_with_refs(c, req, f, sizeof f / sizeof f[0], outs, 1);
 }
 
 attnd_err attnd_client_linear_prefill(attnd_client *c, const attnd_linear_args *a)
