@@ -18,7 +18,7 @@ attnd_err attnd_client_fail(attnd_client *c, attnd_err err, const char *fmt, ...
     char msg[sizeof c->last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    attnd_verrf(msg, sizeof msg, err, fmt, ap);
     va_end(ap);
     set_error(c, msg, 0);
     return err;

@@ -30,9 +30,14 @@ const char *attnd_err_name(attnd_err err)
 attnd_err attnd_errf(char *buf, size_t n, attnd_err code, const char *fmt, ...)
 {
     va_list ap;
-    if (buf == NULL || n == 0) return code;
     va_start(ap, fmt);
-    vsnprintf(buf, n, fmt, ap);
+    attnd_verrf(buf, n, code, fmt, ap);
     va_end(ap);
+    return code;
+}
+
+attnd_err attnd_verrf(char *buf, size_t n, attnd_err code, const char *fmt, va_list ap)
+{
+    if (buf != NULL && n > 0) vsnprintf(buf, n, fmt, ap);
     return code;
 }

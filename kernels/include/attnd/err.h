@@ -3,6 +3,7 @@
 #ifndef ATTND_ERR_H
 #define ATTND_ERR_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -43,6 +44,8 @@ attnd_err attnd_errf(char *buf, size_t n, attnd_err code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)))
 #endif
     ;
+/* The same for a va_list (for wrappers that take their own format). */
+attnd_err attnd_verrf(char *buf, size_t n, attnd_err code, const char *fmt, va_list ap);
 
 #ifdef __cplusplus
 }
