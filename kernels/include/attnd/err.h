@@ -38,7 +38,7 @@ const char *attnd_strerror(attnd_err err);
 const char *attnd_err_name(attnd_err err);
 
 /* printf into a caller's message buffer (nothing when buf is NULL or n is 0); returns code, so
- * that `return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "field: %d", v);` fails in one line. */
+ * that `return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "x: %d", v);` fails in one line. */
 attnd_err attnd_errf(char *buf, size_t n, attnd_err code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
