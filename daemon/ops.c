@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "attnd/plan.h"
 #include "metrics.h"
 #include "ratelimit.h"
 
 #include "chanops.h"
-#include "sched.h"
 #include "step.h"
 #include "tensorops.h"
 
@@ -342,13 +342,13 @@ done:
 static attnd_err ops_alloc_plan_memory(attnd_ops *o)
 {
     attnd_err rv;
-    o->split_rows = attnd_sched_split_rows(o->units);
+    o->split_rows = attnd_plan_split_rows(o->units);
     o->ws3d_bytes =
         attnd_paged_3d_workspace_size(o->split_rows, o->geo.num_q_heads, o->geo.head_size, 1);
     if ((rv = ops_take(o, o->ws3d_bytes, &o->ws3d)) != ATTND_ERR_OK) return rv;
     if (!attnd_backend_is_device(o->be)) return ATTND_ERR_OK;
-    size_t slot = attnd_sched_index_bound((int32_t)o->limits.max_seqs, o->limits.max_step_tokens,
-                                          (int32_t)o->geo.max_blocks_per_seq);
+    size_t slot = attnd_plan_index_bound((int32_t)o->limits.max_seqs, o->limits.max_step_tokens,
+                                         (int32_t)o->geo.max_blocks_per_seq);
     slot = align256(slot);
     o->index_slots = OPS_INDEX_SLOTS;
     while (o->index_slots > 2 && (size_t)o->index_slots * slot > OPS_INDEX_BYTES_MAX)

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attnd/plan.h"
 #include "metrics.h"
-#include "sched.h"
 
 #define DT(x) (1u << ATTND_DTYPE_##x)
 #define DT_FLOAT (DT(F32) | DT(F16) | DT(BF16))
@@ -226,22 +226,19 @@ static attnd_err step_index(attnd_ops *o, attnd_step *st)
 
 static attnd_err begin_plan(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
 {
-    attnd_sched_opts so = {(int32_t)o->geo.block_size,
-                           (int32_t)o->geo.num_q_heads,
-                           (int32_t)o->geo.num_kv_heads,
-                           (int32_t)o->geo.head_size,
-                           o->units,
-                           o->split_rows};
-    attnd_sched_seq *in = calloc(st->nseqs, sizeof *in);
+    attnd_plan_opts so =
+        attnd_plan_opts_for((int32_t)o->geo.block_size, (int32_t)o->geo.num_q_heads,
+                            (int32_t)o->geo.num_kv_heads, (int32_t)o->geo.head_size, o->units);
+    attnd_plan_seq *in = calloc(st->nseqs, sizeof *in);
     attnd_err rv = ATTND_ERR_NO_MEMORY;
     if (in == NULL) goto done;
     for (uint32_t i = 0; i < st->nseqs; i++) {
         const attnd_seq *q = st->seqs[i];
-        in[i] = (attnd_sched_seq){q->num_tokens, q->pend_tokens, q->blocks, q->nblocks};
+        in[i] = (attnd_plan_seq){q->num_tokens, q->pend_tokens, q->blocks, q->nblocks};
     }
-    size_t bytes = attnd_sched_workspace_size(in, (int32_t)st->nseqs, &so);
+    size_t bytes = attnd_plan_workspace_size(in, (int32_t)st->nseqs, &so);
     if (bytes == 0 || (st->ws = malloc(bytes)) == NULL) goto done;
-    if ((rv = attnd_sched_plan(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes))) goto done;
+    if ((rv = attnd_plan_build(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes))) goto done;
     if (st->plan.workspace_3d > o->ws3d_bytes) {
         free(in);
         return attnd_ops_fail(r, ATTND_ERR_INTERNAL,
@@ -340,16 +337,6 @@ static attnd_err attend_resolve(attnd_ops *o, attnd_step *st, const Attnd__Atten
     return attnd_ops_resolve(r, hr, m->out_lse, &sl, &io->lse);
 }
 
-/* A plan array as the backend sees it. */
-static attnd_tensor plan_tensor(const attnd_step *st, const void *host, attnd_dtype dt,
-                                int32_t ndim, const int64_t *shape)
-{
-    attnd_tensor t;
-    size_t off = (size_t)((const char *)host - (const char *)st->ws);
-    attnd_tensor_init(&t, (char *)st->dev_index + off, dt, ndim, shape);
-    return t;
-}
-
 static attnd_tensor cache_tensor(const attnd_ops *o, void *base)
 {
     attnd_tensor t;
@@ -359,39 +346,27 @@ static attnd_tensor cache_tensor(const attnd_ops *o, void *base)
     return t;
 }
 
-/* Sub-view of dimension d: [first, first + n). */
-static attnd_tensor slice(attnd_tensor t, int32_t d, int64_t first, int64_t n)
+/* Layer `layer` of the model with the new K/V rows k, v (and q, out, lse) as the planner runs
+ * it. */
+static attnd_plan_layer step_layer(const attnd_ops *o, uint32_t layer, const attend_io *io)
 {
-    if (t.data == NULL) return t;
-    t.data = (char *)t.data + first * t.strides[d] * (int64_t)attnd_dtype_size(t.dtype);
-    t.shape[d] = n;
-    return t;
-}
-
-static void launch_params(const attnd_ops *o, const attnd_step *st, uint32_t layer,
-                          const attnd_launch *l, const attend_io *io, attnd_paged_params *p)
-{
-    const attnd_plan *pl = &st->plan;
-    int64_t bt[2] = {l->nseqs, pl->table_width}, ns[1] = {l->nseqs}, nq[1] = {l->nseqs + 1};
+    attnd_plan_layer pl;
     int64_t hq[1] = {o->geo.num_q_heads};
-    memset(p, 0, sizeof *p);
-    p->q = slice(io->q, 0, l->row0, l->nrows);
-    p->out = slice(io->out, 0, l->row0, l->nrows);
-    p->out_lse = slice(io->lse, 1, l->row0, l->nrows);
-    p->k_cache = cache_tensor(o, o->k_cache[layer]);
-    p->v_cache = cache_tensor(o, o->v_cache[layer]);
-    p->block_tables = plan_tensor(st, pl->block_tables + (size_t)l->seq0 * pl->table_width,
-                                  ATTND_DTYPE_I32, 2, bt);
-    p->seq_lens = plan_tensor(st, pl->seq_lens + l->seq0, ATTND_DTYPE_I32, 1, ns);
-    p->query_start_loc = plan_tensor(st, pl->qsl_local + l->qsl_off, ATTND_DTYPE_I32, 1, nq);
-    if (o->alibi) attnd_tensor_init(&p->alibi_slopes, o->alibi, ATTND_DTYPE_F32, 1, hq);
-    p->scale = o->scale;
-    p->k_scale = o->geo.k_scale;
-    p->v_scale = o->geo.v_scale;
-    p->softcap = o->geo.softcap;
-    p->sliding_window = (int32_t)o->geo.sliding_window;
-    p->max_query_len = l->max_query_len;
-    p->max_seq_len = l->max_seq_len;
+    memset(&pl, 0, sizeof pl);
+    pl.q = io->q;
+    pl.k_new = io->k;
+    pl.v_new = io->v;
+    pl.out = io->out;
+    pl.lse = io->lse;
+    pl.k_cache = cache_tensor(o, o->k_cache[layer]);
+    pl.v_cache = cache_tensor(o, o->v_cache[layer]);
+    if (o->alibi) attnd_tensor_init(&pl.alibi_slopes, o->alibi, ATTND_DTYPE_F32, 1, hq);
+    pl.scale = o->scale;
+    pl.k_scale = o->geo.k_scale;
+    pl.v_scale = o->geo.v_scale;
+    pl.softcap = o->geo.softcap;
+    pl.sliding_window = (int32_t)o->geo.sliding_window;
+    return pl;
 }
 
 /* ---------------------------------------------------------------- kernel metrics */
@@ -456,40 +431,33 @@ static attnd_err attend_finish(attnd_ops *o, int host_views, kernel_clock *kc, a
     return ATTND_ERR_OK;
 }
 
+/* Bytes of q and out a launch touches: its rows. */
+static uint64_t launch_io_bytes(const attend_io *io, const attnd_launch *l)
+{
+    uint64_t q = (uint64_t)io->q.shape[1] * io->q.shape[2] * attnd_dtype_size(io->q.dtype);
+    uint64_t out = (uint64_t)io->out.shape[1] * io->out.shape[2] * attnd_dtype_size(io->out.dtype);
+    return (uint64_t)l->nrows * (q + out);
+}
+
 static attnd_err attend_run(attnd_ops *o, attnd_step *st, uint32_t layer, const attend_io *io,
                             int host_views, attnd_ops_reply *r)
 {
-    attnd_cache_write_params cw = {0};
-    int64_t nt[1] = {st->plan.num_tokens};
+    attnd_plan_layer pl = step_layer(o, layer, io);
     attnd_err rv;
     kernel_clock kc = {.t = attnd_metrics_now_ns()};
-    cw.key = io->k;
-    cw.value = io->v;
-    cw.k_cache = cache_tensor(o, o->k_cache[layer]);
-    cw.v_cache = cache_tensor(o, o->v_cache[layer]);
-    cw.slot_mapping = plan_tensor(st, st->plan.slot_mapping, ATTND_DTYPE_I64, 1, nt);
-    cw.k_scale = o->geo.k_scale;
-    cw.v_scale = o->geo.v_scale;
-    if ((rv = attnd_cache_write(o->be, &cw)) != ATTND_ERR_OK)
+    if ((rv = attnd_plan_write_kv(o->be, &st->plan, st->dev_index, &pl)) != ATTND_ERR_OK)
         return attnd_ops_kernel_fail(o, r, rv, "cache_write");
     st->written[layer] = 1;
     clock_mark(&kc, ATTND_METRICS_KERNEL_CACHE_WRITE,
-               2 * (tensor_bytes(&cw.key) + tensor_bytes(&cw.value)));
+               2 * (tensor_bytes(&io->k) + tensor_bytes(&io->v)));
     for (int32_t i = 0; i < st->plan.num_launches; i++) {
         const attnd_launch *l = &st->plan.launches[i];
-        attnd_paged_params p;
-        launch_params(o, st, layer, l, io, &p);
-        if (l->kind == ATTND_LAUNCH_3D)
-            rv = attnd_paged_attention_3d(o->be, &p, l->num_segments, o->ws3d);
-        else
-            rv = attnd_paged_attention_2d(o->be, &p);
-        if (rv != ATTND_ERR_OK)
-            return attnd_ops_kernel_fail(
-                o, r, rv, l->kind == ATTND_LAUNCH_3D ? "paged_attention_3d" : "paged_attention_2d");
-        clock_mark(&kc,
-                   l->kind == ATTND_LAUNCH_3D ? ATTND_METRICS_KERNEL_PAGED_3D
-                                              : ATTND_METRICS_KERNEL_PAGED_2D,
-                   tensor_bytes(&p.q) + tensor_bytes(&p.out) + launch_kv_bytes(o, l));
+        int is3d = l->kind == ATTND_LAUNCH_3D;
+        if ((rv = attnd_plan_launch(o->be, &st->plan, st->dev_index, i, &pl, o->ws3d)))
+            return attnd_ops_kernel_fail(o, r, rv,
+                                         is3d ? "paged_attention_3d" : "paged_attention_2d");
+        clock_mark(&kc, is3d ? ATTND_METRICS_KERNEL_PAGED_3D : ATTND_METRICS_KERNEL_PAGED_2D,
+                   launch_io_bytes(io, l) + launch_kv_bytes(o, l));
     }
     return attend_finish(o, host_views, &kc, r);
 }
@@ -534,24 +502,20 @@ attnd_err attnd_step_attend(attnd_ops *o, attnd_session *s, const Attnd__Attend 
 static attnd_err clear_unwritten(attnd_ops *o, attnd_step *st, attnd_ops_reply *r)
 {
     int64_t shape[3] = {st->plan.num_tokens, o->geo.num_kv_heads, o->geo.head_size};
-    int64_t nt[1] = {st->plan.num_tokens};
     size_t bytes = (size_t)shape[0] * (size_t)shape[1] * (size_t)shape[2] * sizeof(float);
     void *zeros = NULL, *dev = NULL;
+    attend_io io;
     attnd_err rv = ATTND_ERR_OK;
+    memset(&io, 0, sizeof io);
     for (uint32_t l = 0; l < o->geo.num_layers && rv == ATTND_ERR_OK; l++) {
-        attnd_cache_write_params cw = {0};
         if (st->written[l]) continue;
         if (zeros == NULL && (zeros = calloc(1, bytes)) == NULL) rv = ATTND_ERR_NO_MEMORY;
         if (rv == ATTND_ERR_OK && dev == NULL) rv = attnd_ops_upload(o, zeros, bytes, &dev);
         if (rv != ATTND_ERR_OK) break;
-        attnd_tensor_init(&cw.key, dev, ATTND_DTYPE_F32, 3, shape);
-        cw.value = cw.key;
-        cw.k_cache = cache_tensor(o, o->k_cache[l]);
-        cw.v_cache = cache_tensor(o, o->v_cache[l]);
-        cw.slot_mapping = plan_tensor(st, st->plan.slot_mapping, ATTND_DTYPE_I64, 1, nt);
-        cw.k_scale = o->geo.k_scale;
-        cw.v_scale = o->geo.v_scale;
-        rv = attnd_cache_write(o->be, &cw);
+        attnd_tensor_init(&io.k, dev, ATTND_DTYPE_F32, 3, shape);
+        io.v = io.k;
+        attnd_plan_layer pl = step_layer(o, l, &io);
+        rv = attnd_plan_write_kv(o->be, &st->plan, st->dev_index, &pl);
     }
     attnd_ops_release(o, dev, zeros);
     free(zeros);

@@ -1,5 +1,5 @@
 /* Steps: BeginStep reserves cache slots for every sequence's new tokens (all or nothing),
- * copies shared partial blocks (COW) and plans the step once (sched.h); each Attend writes one
+ * copies shared partial blocks (COW) and plans the step once (attnd/plan.h); each Attend writes one
  * layer's new K/V into the cache and runs the planned paged-attention launches with no
  * host-side planning; EndStep commits the tokens or aborts (every reserved block released, the
  * sequences exactly as before). Executor thread only. */

@@ -1,31 +1,36 @@
-#include "sched.h"
+/* The planner: a step's sequences -> index arrays and launches (attnd/plan.h). */
+#include "attnd/plan.h"
 
 #include <string.h>
 
-#include "attnd/kernels.h"
-
-#define SCHED_MAX_SEGMENTS 1024
+#define PLAN_MAX_SEGMENTS 1024
 
 static size_t align8(size_t x)
 {
     return (x + 7) & ~(size_t)7;
 }
 
-static int is_decode(const attnd_sched_seq *s)
+static int is_decode(const attnd_plan_seq *s)
 {
     return s->new_tokens == 1;
 }
 
+/* Whether sequences a and b go to one launch: both decode or both not (or one launch for all). */
+static int same_launch(const attnd_plan_opts *o, const attnd_plan_seq *a, const attnd_plan_seq *b)
+{
+    return o->one_launch || is_decode(a) == is_decode(b);
+}
+
 /* Number of launches: maximal runs of sequences of one class. */
-static int32_t count_runs(const attnd_sched_seq *seqs, int32_t n)
+static int32_t count_runs(const attnd_plan_seq *seqs, int32_t n, const attnd_plan_opts *o)
 {
     int32_t runs = 0;
     for (int32_t i = 0; i < n; i++)
-        if (i == 0 || is_decode(&seqs[i]) != is_decode(&seqs[i - 1])) runs++;
+        if (i == 0 || !same_launch(o, &seqs[i], &seqs[i - 1])) runs++;
     return runs;
 }
 
-static attnd_err check_input(const attnd_sched_seq *seqs, int32_t n, const attnd_sched_opts *o,
+static attnd_err check_input(const attnd_plan_seq *seqs, int32_t n, const attnd_plan_opts *o,
                              int64_t *tokens, int32_t *width)
 {
     int64_t t = 0;
@@ -66,17 +71,17 @@ static size_t plan_layout(attnd_plan *p, int32_t n, int64_t tokens, int32_t widt
     return off;
 }
 
-size_t attnd_sched_workspace_size(const attnd_sched_seq *seqs, int32_t num_seqs,
-                                  const attnd_sched_opts *opts)
+size_t attnd_plan_workspace_size(const attnd_plan_seq *seqs, int32_t num_seqs,
+                                 const attnd_plan_opts *opts)
 {
     attnd_plan p;
     int64_t tokens;
     int32_t width;
     if (check_input(seqs, num_seqs, opts, &tokens, &width) != ATTND_ERR_OK) return 0;
-    return plan_layout(&p, num_seqs, tokens, width, count_runs(seqs, num_seqs), NULL);
+    return plan_layout(&p, num_seqs, tokens, width, count_runs(seqs, num_seqs, opts), NULL);
 }
 
-size_t attnd_sched_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t table_width)
+size_t attnd_plan_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t table_width)
 {
     attnd_plan p;
     if (num_seqs < 1) num_seqs = 1;
@@ -85,22 +90,30 @@ size_t attnd_sched_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t tab
     return p.index_bytes;
 }
 
-int32_t attnd_sched_split_rows(int32_t units)
+attnd_plan_opts attnd_plan_opts_for(int32_t block_size, int32_t num_q_heads, int32_t num_kv_heads,
+                                    int32_t head_size, int32_t units)
+{
+    attnd_plan_opts o = {
+        block_size, num_q_heads, num_kv_heads, head_size, units, attnd_plan_split_rows(units), 0};
+    return o;
+}
+
+int32_t attnd_plan_split_rows(int32_t units)
 {
     return 8 * (units > 0 ? units : 1) + 256;
 }
 
-int32_t attnd_sched_segments(const attnd_sched_opts *o, int32_t nseqs, int32_t max_ctx_blocks)
+int32_t attnd_plan_segments(const attnd_plan_opts *o, int32_t nseqs, int32_t max_ctx_blocks)
 {
     int64_t units = o->parallel_units > 0 ? o->parallel_units : 1;
     int64_t per_segment = (int64_t)nseqs * (o->num_kv_heads > 0 ? o->num_kv_heads : 1);
     int64_t segs = (2 * units + per_segment - 1) / per_segment;
     if (segs > max_ctx_blocks) segs = max_ctx_blocks;
-    if (segs > SCHED_MAX_SEGMENTS) segs = SCHED_MAX_SEGMENTS;
+    if (segs > PLAN_MAX_SEGMENTS) segs = PLAN_MAX_SEGMENTS;
     return segs < 1 ? 1 : (int32_t)segs;
 }
 
-static void fill_seq(attnd_plan *p, const attnd_sched_seq *s, int32_t i)
+static void fill_seq(attnd_plan *p, const attnd_plan_seq *s, int32_t i)
 {
     int32_t bs = p->block_size;
     int32_t *row = p->block_tables + (size_t)i * (size_t)p->table_width;
@@ -116,7 +129,7 @@ static void fill_seq(attnd_plan *p, const attnd_sched_seq *s, int32_t i)
 }
 
 /* Close the launch of sequences [seq0, end): rebased offsets, bounds, kind, segments. */
-static void fill_launch(attnd_plan *p, const attnd_sched_seq *seqs, const attnd_sched_opts *o,
+static void fill_launch(attnd_plan *p, const attnd_plan_seq *seqs, const attnd_plan_opts *o,
                         attnd_launch *l, int32_t seq0, int32_t end, int32_t *qsl_next)
 {
     int32_t max_blocks = 1;
@@ -137,9 +150,9 @@ static void fill_launch(attnd_plan *p, const attnd_sched_seq *seqs, const attnd_
     }
     l->kind = ATTND_LAUNCH_2D;
     l->num_segments = 1;
-    if (is_decode(&seqs[seq0])) {
+    if (!o->one_launch && is_decode(&seqs[seq0])) {
         /* a split of one segment is the 2D kernel's work without the merge */
-        int32_t segs = attnd_sched_segments(o, l->nseqs, max_blocks);
+        int32_t segs = attnd_plan_segments(o, l->nseqs, max_blocks);
         if (o->max_split_rows > 0 && (int64_t)segs * l->nrows > o->max_split_rows)
             segs = o->max_split_rows / (l->nrows > 0 ? l->nrows : 1);
         if (segs > 1) {
@@ -152,15 +165,15 @@ static void fill_launch(attnd_plan *p, const attnd_sched_seq *seqs, const attnd_
     }
 }
 
-attnd_err attnd_sched_plan(attnd_plan *p, const attnd_sched_seq *seqs, int32_t n,
-                           const attnd_sched_opts *o, void *ws, size_t ws_bytes)
+attnd_err attnd_plan_build(attnd_plan *p, const attnd_plan_seq *seqs, int32_t n,
+                           const attnd_plan_opts *o, void *ws, size_t ws_bytes)
 {
     int64_t tokens;
     int32_t width;
     attnd_err rv;
     memset(p, 0, sizeof *p);
     if ((rv = check_input(seqs, n, o, &tokens, &width)) != ATTND_ERR_OK) return rv;
-    int32_t runs = count_runs(seqs, n);
+    int32_t runs = count_runs(seqs, n, o);
     if (ws == NULL || plan_layout(p, n, tokens, width, runs, NULL) > ws_bytes)
         return ATTND_ERR_NO_MEMORY;
     plan_layout(p, n, tokens, width, runs, ws);
@@ -173,7 +186,7 @@ attnd_err attnd_sched_plan(attnd_plan *p, const attnd_sched_seq *seqs, int32_t n
         fill_seq(p, &seqs[i], i);
     int32_t seq0 = 0, qsl_next = 0;
     for (int32_t i = 1; i <= n; i++) {
-        if (i < n && is_decode(&seqs[i]) == is_decode(&seqs[seq0])) continue;
+        if (i < n && same_launch(o, &seqs[i], &seqs[seq0])) continue;
         fill_launch(p, seqs, o, &p->launches[p->num_launches++], seq0, i, &qsl_next);
         seq0 = i;
     }
