@@ -62,7 +62,7 @@ attnd_err attnd_exec_alloc(attnd_exec **out, const char *backend, const attnd_ba
     attnd_exec *ex = calloc(1, sizeof *ex);
     if (ex == NULL) return ATTND_ERR_NO_MEMORY;
     ex->log = lg;
-    ex->depth = depth ? depth : 1;
+    ex->depth = depth;
     ex->ring = calloc(ex->depth, sizeof *ex->ring);
     if (ex->ring == NULL) {
         rv = ATTND_ERR_NO_MEMORY;

@@ -31,7 +31,8 @@ typedef struct attnd_exec_poller {
 } attnd_exec_poller;
 
 /* Open the backend named "cpu", "cuda" or "auto" (cuda when compiled in and a device opens,
- * else cpu) and size the queue. UNSUPPORTED / UNAVAILABLE from attnd_backend_open. */
+ * else cpu) and size the queue for depth (>= 1) requests. UNSUPPORTED / UNAVAILABLE from
+ * attnd_backend_open. */
 attnd_err attnd_exec_alloc(attnd_exec **ex, const char *backend, const attnd_backend_opts *opts,
                            uint32_t depth, attnd_log *lg);
 /* Set the poller and the idle spin window (before start). */

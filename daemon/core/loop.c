@@ -82,7 +82,7 @@ attnd_err attnd_loop_init(attnd_loop *l, const attnd_loop_hooks *hooks, uint64_t
     memset(l, 0, sizeof *l);
     l->hooks = *hooks;
     l->log = lg;
-    l->tick_ms = tick_ms ? tick_ms : 100;
+    l->tick_ms = tick_ms;
     l->drain_timeout_ms = drain_timeout_ms;
     if ((rv = uv_loop_init(&l->uv)) != 0) return map_uv(rv);
     uv_signal_init(&l->uv, &l->sig_term);

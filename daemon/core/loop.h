@@ -35,7 +35,7 @@ typedef struct attnd_loop {
     int signum;  /* signal that started the drain (0 if none) */
 } attnd_loop;
 
-/* Initialise the loop and its handles (not yet running). */
+/* Initialise the loop and its handles (not yet running); tick_ms > 0. */
 attnd_err attnd_loop_init(attnd_loop *l, const attnd_loop_hooks *hooks, uint64_t tick_ms,
                           uint64_t drain_timeout_ms, attnd_log *lg);
 /* Run until a drain finishes; close every handle; returns uv_loop_close()'s result. */

@@ -50,7 +50,7 @@ typedef struct attnd_serve {
 } attnd_serve;
 
 /* The state for cfg on backend be (which must outlive sv): cache pools, linear state,
- * workspaces. units: the cpu backend's threads. */
+ * workspaces. units: the cpu backend's threads (>= 1). */
 attnd_err attnd_serve_alloc(attnd_serve **sv, const attnd_config *cfg, attnd_backend *be,
                             int32_t units, attnd_log *lg);
 /* Complete in-flight replies, release every step, session, sequence and pool. */

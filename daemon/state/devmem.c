@@ -275,8 +275,8 @@ static attnd_err devmem_device_setup(attnd_devmem *dm, attnd_model *m)
     snprintf(dm->device_name, sizeof dm->device_name, "%s", info.name);
     if (m->geo.gpu_memory_fraction <= 0) return ATTND_ERR_OK;
     uint64_t per_block = 2ull * m->geo.num_layers * attnd_model_block_bytes(m);
-    uint64_t blocks = (uint64_t)((double)m->geo.gpu_memory_fraction * (double)info.free_bytes) /
-                      (per_block ? per_block : 1);
+    uint64_t blocks =
+        (uint64_t)((double)m->geo.gpu_memory_fraction * (double)info.free_bytes) / per_block;
     if (blocks > INT32_MAX) blocks = INT32_MAX;
     if (blocks < m->geo.max_blocks_per_seq) {
         ATTND_LOG(dm->log, ATTND_LOG_ERROR,
@@ -395,7 +395,7 @@ attnd_err attnd_devmem_alloc(attnd_devmem **out, attnd_model *model, attnd_backe
     dm->be = be;
     dm->log = lg;
     dm->model = model;
-    dm->units = units > 0 ? units : 1;
+    dm->units = units;
     rv = devmem_device_setup(dm, model);
     if (rv == ATTND_ERR_OK) rv = devmem_alloc_pools(dm);
     if (rv == ATTND_ERR_OK) rv = devmem_alloc_plan_memory(dm, limits);

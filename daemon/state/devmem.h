@@ -54,7 +54,7 @@ typedef struct attnd_devmem {
 } attnd_devmem;
 
 /* Size and allocate everything for model on be (which must outlive dm). units: the cpu
- * backend's threads (a device backend counts its SMs). On a device backend
+ * backend's threads, >= 1 (a device backend counts its SMs). On a device backend
  * geometry.gpu_memory_fraction, when set, sizes model->geo.num_blocks from the free memory
  * first. limits size the index slots. NO_MEMORY, or the backend's code. */
 attnd_err attnd_devmem_alloc(attnd_devmem **dm, attnd_model *model, attnd_backend *be,

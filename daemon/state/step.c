@@ -164,7 +164,7 @@ static attnd_err begin_plan(attnd_steps *ss, attnd_step *st, char *err, size_t e
         in[i] = (attnd_plan_seq){q->num_tokens, q->pend_tokens, q->blocks, q->nblocks};
     }
     size_t bytes = attnd_plan_workspace_size(in, (int32_t)st->nseqs, &so);
-    if (bytes == 0 || (st->ws = malloc(bytes)) == NULL) goto done;
+    if ((st->ws = malloc(bytes)) == NULL) goto done;
     rv = attnd_plan_build(&st->plan, in, (int32_t)st->nseqs, &so, st->ws, bytes);
 done:
     free(in);
