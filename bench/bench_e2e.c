@@ -45,6 +45,7 @@
 #include "../kernels/cuda/cuda_backend.h"
 #include "attnd/client.h"
 #include "attnd/kernels.h"
+#include "check.h"
 #include "attnd/plan.h"
 #include "daemon_proc.h"
 
@@ -61,24 +62,9 @@
 #define MAX_WORKERS 8
 #define SEQ_BLOCKS ((CTX + 256) / BS) /* local caches: room per sequence */
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        attnd_err rv_ = (call);                                                                    \
-        if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "bench_e2e: %s: %s (%s)\n", #call, attnd_strerror(rv_),                \
-                    g_gpu ? attnd_backend_last_error(g_gpu) : "");                                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CK(call) ATTND_CHECK(call, g_gpu)
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_e2e: %s: %s\n", #call, cudaGetErrorString(e_));                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CU(call) ATTND_CHECK_CUDA(call)
 
 static attnd_backend *g_gpu; /* for CK's message only; set once in main */
 

@@ -25,7 +25,7 @@ static attnd_err reply_step(const attnd_step *st, attnd_reply *r)
 static attnd_err req_begin(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
 {
     const Attnd__BeginStep *m = c->req->begin_step;
-    attnd_step_seq *seqs;
+    attnd_step_req *seqs;
     attnd_step *st;
     attnd_err rv;
     if (m->n_seqs == 0) return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT, "seqs: empty");
@@ -40,7 +40,7 @@ static attnd_err req_begin(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
     if ((seqs = malloc(m->n_seqs * sizeof *seqs)) == NULL)
         return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "step: out of memory");
     for (size_t i = 0; i < m->n_seqs; i++)
-        seqs[i] = (attnd_step_seq){m->seqs[i]->seq_id, m->seqs[i]->new_tokens};
+        seqs[i] = (attnd_step_req){m->seqs[i]->seq_id, m->seqs[i]->new_tokens};
     rv = attnd_step_begin(&sv->steps, c->s, seqs, (uint32_t)m->n_seqs, sv->limits.max_step_tokens,
                           &st, r->msg, sizeof r->msg);
     free(seqs);

@@ -82,14 +82,14 @@ attnd_err attnd_step_find(attnd_steps *ss, const attnd_session *s, uint64_t id, 
 
 /* Look every sequence up and check it can join the step; marks them with its id (so a
  * duplicate shows), unmarked again by step_finish on failure. */
-static attnd_err begin_validate(attnd_steps *ss, attnd_session *s, const attnd_step_seq *seqs,
+static attnd_err begin_validate(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
                                 uint32_t n, uint32_t max_step_tokens, attnd_step *st, char *err,
                                 size_t en)
 {
     const attnd_cfg_geometry *g = &ss->model->geo;
     uint64_t total = 0, cap = (uint64_t)g->max_blocks_per_seq * g->block_size;
     for (size_t i = 0; i < n; i++) {
-        const attnd_step_seq *e = &seqs[i];
+        const attnd_step_req *e = &seqs[i];
         attnd_seq *q = e->seq_id ? attnd_cache_find(ss->cache, s->id, e->seq_id) : NULL;
         if (q == NULL)
             return attnd_errf(err, en, e->seq_id ? ATTND_ERR_NOT_FOUND : ATTND_ERR_INVALID_ARGUMENT,
@@ -121,7 +121,7 @@ static attnd_err begin_validate(attnd_steps *ss, attnd_session *s, const attnd_s
 }
 
 /* Reserve every sequence's tokens (all or nothing) and copy shared partial blocks. */
-static attnd_err begin_reserve(attnd_steps *ss, const attnd_step_seq *seqs, attnd_step *st,
+static attnd_err begin_reserve(attnd_steps *ss, const attnd_step_req *seqs, attnd_step *st,
                                char *err, size_t en)
 {
     attnd_cache_copy cow;
@@ -190,7 +190,7 @@ static attnd_step *step_alloc(const attnd_steps *ss, uint32_t n)
     return st;
 }
 
-attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_seq *seqs,
+attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
                            uint32_t n, uint32_t max_step_tokens, attnd_step **out, char *err,
                            size_t en)
 {

@@ -38,11 +38,11 @@ typedef struct attnd_steps {
     attnd_metrics *metrics; /* kernel time and bytes by kind; NULL = not counted */
 } attnd_steps;
 
-/* One sequence of a BeginStep. */
-typedef struct attnd_step_seq {
+/* One sequence of a BeginStep request. */
+typedef struct attnd_step_req {
     uint64_t seq_id;
     uint32_t new_tokens;
-} attnd_step_seq;
+} attnd_step_req;
 
 /* The tensors of one layer's Attend, resolved (lse.data NULL = none). */
 typedef struct attnd_attend_io {
@@ -68,7 +68,7 @@ void attnd_steps_abort_session(attnd_steps *ss, attnd_session *s);
  * once, with room for its new tokens; at most max_step_tokens in all (INVALID_ARGUMENT, NOT_FOUND
  * naming seqs[i]); room reserved in the cache (OUT_OF_BLOCKS), shared partial blocks copied,
  * the step planned and its index arrays made readable. All or nothing. */
-attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_seq *seqs,
+attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
                            uint32_t n, uint32_t max_step_tokens, attnd_step **out, char *err,
                            size_t en);
 /* Step id of s: NOT_FOUND when s has no such step open. */

@@ -30,6 +30,7 @@
 #include "attnd/client.h"
 #include "attnd/kernels.h"
 #include "attnd/plan.h"
+#include "check.h"
 #include "daemon_proc.h"
 #include "e2e_concurrent.h"
 #include "testutil.h"
@@ -93,24 +94,9 @@ static void check(worker *w, int ok, const char *what)
     fflush(stdout);
 }
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "gpu_daemon_e2e: %s: %s\n", #call, cudaGetErrorString(e_));            \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CU(call) ATTND_CHECK_CUDA(call)
 
-#define AK(call, be)                                                                               \
-    do {                                                                                           \
-        attnd_err rv_ = (call);                                                                    \
-        if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "gpu_daemon_e2e: %s: %s (%s)\n", #call, attnd_strerror(rv_),           \
-                    (be) ? attnd_backend_last_error(be) : "");                                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define AK(call, be) ATTND_CHECK(call, be)
 
 static void *xmalloc(size_t n)
 {
