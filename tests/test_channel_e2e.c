@@ -1104,7 +1104,7 @@ static int wait_asleep(const hchan *h)
 
 /* A second post on a slot before the first one's reply.
  *
- * What the daemon does (daemon/channel.c slot_take): it takes a slot's request when req_seq
+ * What the daemon does (daemon/wire/channel.c slot_take): it takes a slot's request when req_seq
  * differs from the last number it took, whatever the number, and answers with rep_seq = the
  * number it took; a slot whose request is taken and not yet answered is skipped. So:
  *   - both posts land between two polls (here: the executor asleep): only the latest runs, the

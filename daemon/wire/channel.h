@@ -4,8 +4,9 @@
  * This module knows the object's layout, not protobuf: it maps and validates an object,
  * watches it with the SIGBUS guard (a client that truncates its object makes it read as
  * zeros, and the channel is dropped, instead of killing the daemon), finds posted requests and
- * copies them out, writes replies and wakes a sleeping client, and keeps daemon_state. The
- * server decodes and answers (server.c); the executor polls (exec.c). Executor thread only. */
+ * copies them out, writes replies and wakes a sleeping client, and keeps daemon_state.
+ * channel_transport.c decodes and answers; the executor polls (core/exec.c). Executor thread
+ * only. */
 #ifndef ATTND_WIRE_CHANNEL_H
 #define ATTND_WIRE_CHANNEL_H
 
