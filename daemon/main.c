@@ -14,11 +14,9 @@
 #include "core/exec.h"
 #include "core/log.h"
 #include "core/loop.h"
-#include "core/shmguard.h"
 #include "obs/observe.h"
 #include "serve/dispatch.h"
 #include "serve/serve.h"
-#include "wire/channel.h"
 #include "wire/socket.h"
 #include "wire/wire.h"
 
@@ -34,8 +32,6 @@ typedef struct daemon_ctx {
     attnd_wire wire;
     attnd_socket *sock;
     attnd_observe *obs;
-    attnd_shmguard *guard; /* client-owned shm (regions, channels): shrunk reads as zeros */
-    attnd_channels *channels;
     uint64_t ticks;
 } daemon_ctx;
 
@@ -129,36 +125,13 @@ static void hook_tick(void *arg)
 
 /* ---------------------------------------------------------------- startup */
 
-/* The SIGBUS guard over client-owned shm (HOST_SHM regions, channels: a client that truncates
- * its object fails its own requests, not the daemon) and the shared-memory channels. */
-static attnd_err start_channels(daemon_ctx *d, char *err, size_t n)
-{
-    attnd_err rv;
-    const attnd_cfg_limits *l = &d->cfg.limits;
-    uint64_t cap = (uint64_t)d->cfg.server.channels + (uint64_t)l->max_sessions * l->max_regions;
-    if (cap < 1024) cap = 1024; /* room for limits raised by a reload */
-    if (cap > INT32_MAX) cap = INT32_MAX;
-    if ((rv = attnd_shmguard_alloc(&d->guard, (uint32_t)cap)) != ATTND_ERR_OK) {
-        snprintf(err, n, "shmguard: cannot watch %llu mappings: %s", (unsigned long long)cap,
-                 attnd_strerror(rv));
-        return rv;
-    }
-    if (d->cfg.server.channels == 0) return ATTND_ERR_OK;
-    if ((rv = attnd_channels_alloc(&d->channels, d->guard, d->cfg.server.channels, &d->log))) {
-        snprintf(err, n, "server.channels: cannot set up %u channels: %s", d->cfg.server.channels,
-                 attnd_strerror(rv));
-        return rv;
-    }
-    return ATTND_ERR_OK;
-}
-
 /* The wire (socket, and channels through the executor's poller) in front of the handlers. */
 static attnd_err start_wire(daemon_ctx *d, char *err, size_t n)
 {
     attnd_wire_handler handler = attnd_dispatch_wire_handler(d->sv);
     attnd_wire_init(&d->wire, &handler, &d->log);
     attnd_wire_set_observe(&d->wire, d->obs);
-    attnd_serve_attach(d->sv, &d->wire, d->guard, d->channels, d->cfg.server.spin_us);
+    attnd_serve_attach(d->sv, &d->wire, d->cfg.server.spin_us);
     attnd_exec_poller poller = attnd_serve_poller(d->sv);
     attnd_exec_set_poller(d->ex, &poller, d->cfg.server.spin_us);
     return attnd_socket_alloc(&d->sock, &d->cfg, &d->wire, d->ex, &d->log, err, n);
@@ -190,7 +163,7 @@ static int start_modules(daemon_ctx *d)
                                   sizeof err)) != ATTND_ERR_OK)
         goto fail;
     attnd_serve_set_observe(d->sv, d->obs);
-    if ((rv = start_channels(d, err, sizeof err)) != ATTND_ERR_OK) goto fail;
+    if ((rv = attnd_serve_open_shm(d->sv, &d->cfg, err, sizeof err)) != ATTND_ERR_OK) goto fail;
     if ((rv = start_wire(d, err, sizeof err)) != ATTND_ERR_OK) goto fail;
     if ((rv = attnd_exec_start(d->ex)) != ATTND_ERR_OK) {
         snprintf(err, sizeof err, "executor: cannot start its thread");
@@ -210,8 +183,6 @@ static void stop_modules(daemon_ctx *d)
     if (d->ex) attnd_exec_stop(d->ex);
     attnd_socket_free(d->sock);
     attnd_serve_free(d->sv);
-    attnd_channels_free(d->channels); /* after serve: closing a session closes its channels */
-    attnd_shmguard_free(d->guard);
     attnd_exec_free(d->ex);
     attnd_observe_free(d->obs); /* last: the server and executor count into its metrics */
 }

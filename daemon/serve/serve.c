@@ -44,6 +44,8 @@ void attnd_serve_free(attnd_serve *sv)
     attnd_sessions_fini(&sv->sessions);
     attnd_cache_free(sv->cache);
     attnd_devmem_free(sv->dm);
+    attnd_channels_free(sv->channels); /* after the sessions that opened them */
+    attnd_shmguard_free(sv->guard);    /* last: regions and channels were watched by it */
     free(sv);
 }
 
@@ -55,12 +57,26 @@ void attnd_serve_set_observe(attnd_serve *sv, attnd_observe *obs)
     sv->inflight.metrics = sv->metrics;
 }
 
-void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, attnd_shmguard *guard, attnd_channels *cs,
-                        uint32_t spin_us)
+attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *err, size_t n)
+{
+    attnd_err rv;
+    const attnd_cfg_limits *l = &cfg->limits;
+    uint64_t cap = (uint64_t)cfg->server.channels + (uint64_t)l->max_sessions * l->max_regions;
+    if (cap < 1024) cap = 1024; /* room for limits raised by a reload */
+    if (cap > INT32_MAX) cap = INT32_MAX;
+    if ((rv = attnd_shmguard_alloc(&sv->guard, (uint32_t)cap)) != ATTND_ERR_OK)
+        return attnd_errf(err, n, rv, "shmguard: cannot watch %llu mappings: %s",
+                          (unsigned long long)cap, attnd_strerror(rv));
+    if (cfg->server.channels == 0) return ATTND_ERR_OK;
+    if ((rv = attnd_channels_alloc(&sv->channels, sv->guard, cfg->server.channels, sv->log)))
+        return attnd_errf(err, n, rv, "server.channels: cannot set up %u channels: %s",
+                          cfg->server.channels, attnd_strerror(rv));
+    return ATTND_ERR_OK;
+}
+
+void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, uint32_t spin_us)
 {
     sv->wire = w;
-    sv->guard = guard;
-    sv->channels = cs;
     sv->spin_us = spin_us;
 }
 

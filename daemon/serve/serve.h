@@ -41,8 +41,9 @@ typedef struct attnd_serve {
     uint64_t start_ms;
     attnd_metrics *metrics;     /* kernel time and bytes by kind; NULL = not counted */
     attnd_ratelimit *log_limit; /* repeated request errors logged at this rate; NULL = all */
-    /* Attached by the wiring (NULL = none): the wire whose reply counts Status reports, the
-     * SIGBUS guard over client-owned mappings (HOST_SHM regions, channels), the channels. */
+    /* NULL = none: the wire whose reply counts Status reports (attnd_serve_attach); the SIGBUS
+     * guard over client-owned mappings (HOST_SHM regions, channels) and the shared-memory
+     * channels (attnd_serve_open_shm). */
     attnd_wire *wire;
     attnd_shmguard *guard;
     attnd_channels *channels;
@@ -58,9 +59,13 @@ void attnd_serve_free(attnd_serve *sv);
 /* Count kernel time in obs's metrics and rate-limit request error lines through it (after
  * attnd_observe_start, before serving). */
 void attnd_serve_set_observe(attnd_serve *sv, attnd_observe *obs);
-/* Attach the wire, the guard and the channels (any NULL), and the spin window. */
-void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, attnd_shmguard *guard, attnd_channels *cs,
-                        uint32_t spin_us);
+/* Watch client-owned shared memory (a client that truncates its object fails its own requests,
+ * not the daemon): the SIGBUS guard with room for every session's regions, and cfg's channels
+ * (server.channels, 0 = none). Freed by attnd_serve_free. err says what failed. */
+attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *err, size_t n);
+/* Attach the wire whose replies Status counts and channel requests go through, and the
+ * executor's idle spin window (told to channel clients). */
+void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, uint32_t spin_us);
 /* What the executor polls between queued items: in-flight replies, then channel posts. */
 attnd_exec_poller attnd_serve_poller(attnd_serve *sv);
 

@@ -274,33 +274,34 @@ typedef struct layer_result {
     double err_out, err_lse;
 } layer_result;
 
-/* The same layer with the CUDA ops called directly, and with the cpu backend. */
-static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T, float scale)
+/* One bf16 layer of T rows over q/k/v/out/lse buffers and a layer's caches, unit fp8 scales. */
+static attnd_plan_layer bf16_layer(void *q, void *k, void *v, void *out, void *lse, void *kc,
+                                   void *vc, int64_t T, float scale)
 {
-    attnd_plan_layer g = {.q = tensor3(w->dbuf + w->off_q, ATTND_DTYPE_BF16, T, HQ, HD),
-                          .k_new = tensor3(w->dbuf + w->off_k, ATTND_DTYPE_BF16, T, HK, HD),
-                          .v_new = tensor3(w->dbuf + w->off_v, ATTND_DTYPE_BF16, T, HK, HD),
-                          .out = tensor3(w->dout, ATTND_DTYPE_BF16, T, HQ, HD),
-                          .lse = tensor2(w->dlse, ATTND_DTYPE_F32, HQ, T),
-                          .k_cache = cache_tensor(w->dk[layer]),
-                          .v_cache = cache_tensor(w->dv[layer]),
+    attnd_plan_layer l = {.q = tensor3(q, ATTND_DTYPE_BF16, T, HQ, HD),
+                          .k_new = tensor3(k, ATTND_DTYPE_BF16, T, HK, HD),
+                          .v_new = tensor3(v, ATTND_DTYPE_BF16, T, HK, HD),
+                          .out = tensor3(out, ATTND_DTYPE_BF16, T, HQ, HD),
+                          .lse = tensor2(lse, ATTND_DTYPE_F32, HQ, T),
+                          .k_cache = cache_tensor(kc),
+                          .v_cache = cache_tensor(vc),
                           .scale = scale,
                           .k_scale = 1.0f,
                           .v_scale = 1.0f};
+    return l;
+}
+
+/* The same layer with the CUDA ops called directly, and with the cpu backend. */
+static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T, float scale)
+{
+    attnd_plan_layer g = bf16_layer(w->dbuf + w->off_q, w->dbuf + w->off_k, w->dbuf + w->off_v,
+                                    w->dout, w->dlse, w->dk[layer], w->dv[layer], T, scale);
     CU(cudaMemset(w->dout, 0xff, (size_t)T * HQ * HD * 2));
     CU(cudaMemset(w->dlse, 0xff, (size_t)T * HQ * 4));
     AK(attnd_plan_run_layer(w->gpu, plan, w->dindex, &g, w->ws3d), w->gpu);
     AK(attnd_backend_sync(w->gpu), w->gpu);
-    attnd_plan_layer c = {.q = tensor3(w->hq, ATTND_DTYPE_BF16, T, HQ, HD),
-                          .k_new = tensor3(w->hk, ATTND_DTYPE_BF16, T, HK, HD),
-                          .v_new = tensor3(w->hv, ATTND_DTYPE_BF16, T, HK, HD),
-                          .out = tensor3(w->hout_cpu, ATTND_DTYPE_BF16, T, HQ, HD),
-                          .lse = tensor2(w->hlse_cpu, ATTND_DTYPE_F32, HQ, T),
-                          .k_cache = cache_tensor(w->ck[layer]),
-                          .v_cache = cache_tensor(w->cv[layer]),
-                          .scale = scale,
-                          .k_scale = 1.0f,
-                          .v_scale = 1.0f};
+    attnd_plan_layer c = bf16_layer(w->hq, w->hk, w->hv, w->hout_cpu, w->hlse_cpu, w->ck[layer],
+                                    w->cv[layer], T, scale);
     AK(attnd_plan_run_layer(w->cpu, plan, plan->slot_mapping, &c, w->hws3d), w->cpu);
 }
 
