@@ -387,10 +387,7 @@ attnd_err attnd_config_load_file(attnd_config *c, const char *path, char *err, s
 {
     json_error_t jerr;
     FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        snprintf(err, n, "config: cannot open %s", path);
-        return ATTND_ERR_NOT_FOUND;
-    }
+    if (f == NULL) return attnd_errf(err, n, ATTND_ERR_NOT_FOUND, "config: cannot open %s", path);
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
     return cfg_load_json(c, root, &jerr, err, n);

@@ -187,10 +187,9 @@ attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err
                               .metrics = observe_metrics_cb,
                               .arg = obs};
     attnd_err rv = attnd_http_alloc(&obs->http, obs->http_url, &hooks);
-    if (rv != ATTND_ERR_OK) {
-        snprintf(err, n, "http.listen: cannot serve %s: %s", obs->http_url, attnd_strerror(rv));
-        return rv;
-    }
+    if (rv != ATTND_ERR_OK)
+        return attnd_errf(err, n, rv, "http.listen: cannot serve %s: %s", obs->http_url,
+                          attnd_strerror(rv));
     ATTND_LOG(obs->log, ATTND_LOG_INFO, "event=http_listen url=%s port=%u", obs->http_url,
               attnd_http_port(obs->http));
     return ATTND_ERR_OK;

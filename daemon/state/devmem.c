@@ -31,7 +31,7 @@ attnd_err attnd_devmem_kernel_err(attnd_devmem *dm, attnd_err code, const char *
      * GPU work rather than results that may be wrong */
     if (code == ATTND_ERR_INTERNAL && attnd_backend_is_device(dm->be) && !dm->device_failed) {
         dm->device_failed = 1;
-        snprintf(dm->device_error, sizeof dm->device_error, "%s", err);
+        snprintf(dm->device_error, sizeof dm->device_error, "%s", err && n ? err : what);
         ATTND_LOG(dm->log, ATTND_LOG_ERROR,
                   "event=device_failed err=\"%s\" action=refusing_gpu_work (restart the daemon)",
                   dm->device_error);
