@@ -20,11 +20,11 @@
  *                  Attend (receive to reply, server side) and the time of its kernels (launch to
  *                  sync, host clock), against the client's round trip;
  *   kernels alone  the same per-layer work (the cache write and the launches of the daemon's
- *                  own plan, daemon/sched.c, on a local cache) timed with CUDA events; for the
- *                  mixed step also the seed's single-kernel choice (the whole batch in one 2D
- *                  launch); and the launch sequence of a layer issued directly vs replayed from
- *                  a captured CUDA graph vs captured per call (what the daemon would pay, since
- *                  every Attend has other pointers or shapes).
+ *                  own plan, attnd_plan_run_layer, on a local cache) timed with CUDA events; for
+ *                  the mixed step also the seed's single-kernel choice (the whole batch in one
+ *                  2D launch: a plan with one_launch); and the launch sequence of a layer issued
+ * directly vs replayed from a captured CUDA graph vs captured per call (what the daemon would pay,
+ * since every Attend has other pointers or shapes).
  *
  * Steps are ended with abort, so every measured step sees the same 4096-token context.
  *
@@ -45,8 +45,9 @@
 #include "../kernels/cuda/cuda_backend.h"
 #include "attnd/client.h"
 #include "attnd/kernels.h"
+#include "check.h"
+#include "attnd/plan.h"
 #include "daemon_proc.h"
-#include "step_mirror.h"
 
 #define HQ 32
 #define HK 8
@@ -61,24 +62,9 @@
 #define MAX_WORKERS 8
 #define SEQ_BLOCKS ((CTX + 256) / BS) /* local caches: room per sequence */
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        attnd_err rv_ = (call);                                                                    \
-        if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "bench_e2e: %s: %s (%s)\n", #call, attnd_strerror(rv_),                \
-                    g_gpu ? attnd_backend_last_error(g_gpu) : "");                                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CK(call) ATTND_CHECK(call, g_gpu)
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_e2e: %s: %s\n", #call, cudaGetErrorString(e_));                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CU(call) ATTND_CHECK_CUDA(call)
 
 static attnd_backend *g_gpu; /* for CK's message only; set once in main */
 
@@ -362,32 +348,34 @@ static void local_open(local *lc, const uint16_t *host_rand)
     CU(cudaMemcpy(lc->v, host_rand + 5, chunk, cudaMemcpyHostToDevice));
     CU(cudaMalloc(&lc->index, (size_t)4 << 20));
     CU(cudaMalloc(&lc->ws3d,
-                  attnd_paged_3d_workspace_size(attnd_sched_split_rows(lc->units), HQ, HD, 1)));
+                  attnd_paged_3d_workspace_size(attnd_plan_split_rows(lc->units), HQ, HD, 1)));
     local_layout(lc, LAYOUT_CONTIGUOUS);
 }
 
-/* The daemon's plan for the decode (mode 0), mixed (1) or tiny (2) step over the local cache. */
-static void *local_plan(local *lc, int mode, attnd_plan *plan)
+/* The daemon's plan for the decode (mode 0), mixed (1) or tiny (2) step over the local cache
+ * (one_launch: the whole batch in one 2D launch instead), its index arrays uploaded. */
+static void *local_plan(local *lc, int mode, int one_launch, attnd_plan *plan)
 {
-    attnd_sched_seq seqs[NSEQ + NMIX];
-    attnd_sched_opts o = attnd_step_mirror_opts(BS, HQ, HK, HD, lc->units);
+    attnd_plan_seq seqs[NSEQ + NMIX];
+    attnd_plan_opts o = attnd_plan_opts_for(BS, HQ, HK, HD, lc->units);
     int n = 0;
+    o.one_launch = one_launch;
     if (mode == 1)
         for (int s = 0; s < NMIX; s++)
-            seqs[n++] = (attnd_sched_seq){0, MIX_LEN, lc->blocks[NSEQ + s], MIX_LEN / BS};
-    if (mode == 2) seqs[n++] = (attnd_sched_seq){0, 1, lc->blocks[NSEQ], 1};
+            seqs[n++] = (attnd_plan_seq){0, MIX_LEN, lc->blocks[NSEQ + s], MIX_LEN / BS};
+    if (mode == 2) seqs[n++] = (attnd_plan_seq){0, 1, lc->blocks[NSEQ], 1};
     for (int s = 0; mode != 2 && s < (mode == 1 ? NSEQ - NMIX : NSEQ); s++)
-        seqs[n++] = (attnd_sched_seq){CTX, 1, lc->blocks[s], CTX / BS + 1};
-    size_t bytes = attnd_sched_workspace_size(seqs, n, &o);
+        seqs[n++] = (attnd_plan_seq){CTX, 1, lc->blocks[s], CTX / BS + 1};
+    size_t bytes = attnd_plan_workspace_size(seqs, n, &o);
     void *ws = malloc(bytes);
-    CK(attnd_sched_plan(plan, seqs, n, &o, ws, bytes));
+    CK(attnd_plan_build(plan, seqs, n, &o, ws, bytes));
     CU(cudaMemcpy(lc->index, plan->slot_mapping, plan->index_bytes, cudaMemcpyHostToDevice));
     return ws;
 }
 
-static attnd_step_layer local_layer(local *lc, int64_t T)
+static attnd_plan_layer local_layer(local *lc, int64_t T)
 {
-    attnd_step_layer l;
+    attnd_plan_layer l;
     memset(&l, 0, sizeof l);
     l.q = t3(lc->q, T, HQ, HD);
     l.k_new = t3(lc->k, T, HK, HD);
@@ -396,35 +384,28 @@ static attnd_step_layer local_layer(local *lc, int64_t T)
     l.k_cache = cache_t(lc->kc, (NSEQ + NMIX) * SEQ_BLOCKS);
     l.v_cache = cache_t(lc->vc, (NSEQ + NMIX) * SEQ_BLOCKS);
     l.scale = 1.0f / sqrtf((float)HD);
+    l.k_scale = l.v_scale = 1.0f;
     return l;
 }
 
-enum { RUN_PLAN, RUN_SINGLE_2D };
-
-static void local_run(local *lc, const attnd_plan *plan, const attnd_step_layer *l, int how)
+static void local_run(local *lc, const attnd_plan *plan, const attnd_plan_layer *l)
 {
-    if (how == RUN_PLAN)
-        CK(attnd_step_mirror_layer(lc->gpu, plan, lc->index, l, lc->ws3d, 3));
-    else {
-        CK(attnd_step_mirror_layer(lc->gpu, plan, lc->index, l, NULL, 1));
-        CK(attnd_step_mirror_single_2d(lc->gpu, plan, lc->index, l));
-    }
+    CK(attnd_plan_run_layer(lc->gpu, plan, lc->index, l, lc->ws3d));
 }
 
 /* Median device time (us) of one layer's launches, by CUDA events. */
-static double local_time(local *lc, const attnd_plan *plan, const attnd_step_layer *l, int how,
-                         int reps)
+static double local_time(local *lc, const attnd_plan *plan, const attnd_plan_layer *l, int reps)
 {
     cudaEvent_t e0, e1;
     double *us = malloc(sizeof(double) * (size_t)reps);
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     for (int i = 0; i < 5; i++)
-        local_run(lc, plan, l, how);
+        local_run(lc, plan, l);
     for (int r = 0; r < reps; r++) {
         float ms;
         CU(cudaEventRecord(e0, lc->stream));
-        local_run(lc, plan, l, how);
+        local_run(lc, plan, l);
         CU(cudaEventRecord(e1, lc->stream));
         CU(cudaEventSynchronize(e1));
         CU(cudaEventElapsedTime(&ms, e0, e1));
@@ -438,12 +419,12 @@ static double local_time(local *lc, const attnd_plan *plan, const attnd_step_lay
 }
 
 /* Capture one layer's launches into an instantiated graph; 0 on success, else the error. */
-static cudaError_t local_capture(local *lc, const attnd_plan *plan, const attnd_step_layer *l,
+static cudaError_t local_capture(local *lc, const attnd_plan *plan, const attnd_plan_layer *l,
                                  cudaGraph_t *g, cudaGraphExec_t *ge)
 {
     cudaError_t e = cudaStreamBeginCapture(lc->stream, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) return e;
-    attnd_err rv = attnd_step_mirror_layer(lc->gpu, plan, lc->index, l, lc->ws3d, 3);
+    attnd_err rv = attnd_plan_run_layer(lc->gpu, plan, lc->index, l, lc->ws3d);
     e = cudaStreamEndCapture(lc->stream, g);
     if (rv != ATTND_ERR_OK) return cudaErrorStreamCaptureInvalidated;
     if (e == cudaSuccess) e = cudaGraphInstantiate(ge, *g, 0);
@@ -453,7 +434,7 @@ static cudaError_t local_capture(local *lc, const attnd_plan *plan, const attnd_
 /* Host wall time (us, median) of: launches + sync (mode 0), a captured graph's launch + sync
  * (mode 1), capture + instantiate + launch + sync every time (mode 2). NAN (and the reason
  * printed) when the launches cannot be captured. */
-static double local_wall(local *lc, const attnd_plan *plan, const attnd_step_layer *l, int mode,
+static double local_wall(local *lc, const attnd_plan *plan, const attnd_plan_layer *l, int mode,
                          int reps)
 {
     double *us = malloc(sizeof(double) * (size_t)reps), med;
@@ -462,7 +443,7 @@ static double local_wall(local *lc, const attnd_plan *plan, const attnd_step_lay
     for (int r = -5; r < reps; r++) {
         double t0 = now_s();
         if (mode == 0) {
-            local_run(lc, plan, l, RUN_PLAN);
+            local_run(lc, plan, l);
         } else {
             if (mode == 2 || ge == NULL) {
                 if (ge) cudaGraphExecDestroy(ge);
@@ -499,13 +480,13 @@ typedef struct kernel_times {
 } kernel_times;
 
 /* The decode batch with other segment counts than the planner's, to check its choice. */
-static void local_segments(local *lc, attnd_plan *plan, const attnd_step_layer *l, kernel_times *kt)
+static void local_segments(local *lc, attnd_plan *plan, const attnd_plan_layer *l, kernel_times *kt)
 {
     attnd_launch saved = plan->launches[0];
     for (int i = 0; i < 4; i++) {
         plan->launches[0].kind = ATTND_LAUNCH_3D;
         plan->launches[0].num_segments = 2 << i;
-        kt->seg_us[i] = local_time(lc, plan, l, RUN_PLAN, 100);
+        kt->seg_us[i] = local_time(lc, plan, l, 100);
     }
     plan->launches[0] = saved;
 }
@@ -513,23 +494,25 @@ static void local_segments(local *lc, attnd_plan *plan, const attnd_step_layer *
 static void local_measure(local *lc, kernel_times *kt)
 {
     attnd_plan plan;
-    void *ws = local_plan(lc, 0, &plan);
-    attnd_step_layer l = local_layer(lc, plan.num_tokens);
+    void *ws = local_plan(lc, 0, 0, &plan);
+    attnd_plan_layer l = local_layer(lc, plan.num_tokens);
     kt->decode_launches = plan.num_launches;
     kt->decode_segments = plan.launches[0].num_segments;
-    kt->decode_us = local_time(lc, &plan, &l, RUN_PLAN, 200);
+    kt->decode_us = local_time(lc, &plan, &l, 200);
     kt->wall_direct_us = local_wall(lc, &plan, &l, 0, 200);
     if (plan.num_launches == 1) local_segments(lc, &plan, &l, kt);
     free(ws);
-    ws = local_plan(lc, 1, &plan);
+    ws = local_plan(lc, 1, 0, &plan);
     l = local_layer(lc, plan.num_tokens);
     kt->mixed_launches = plan.num_launches;
-    kt->mixed_us = local_time(lc, &plan, &l, RUN_PLAN, 100);
-    kt->mixed_single_us = local_time(lc, &plan, &l, RUN_SINGLE_2D, 100);
+    kt->mixed_us = local_time(lc, &plan, &l, 100);
     free(ws);
-    ws = local_plan(lc, 2, &plan);
+    ws = local_plan(lc, 1, 1, &plan);
+    kt->mixed_single_us = local_time(lc, &plan, &l, 100);
+    free(ws);
+    ws = local_plan(lc, 2, 0, &plan);
     l = local_layer(lc, plan.num_tokens);
-    kt->tiny_us = local_time(lc, &plan, &l, RUN_PLAN, 200);
+    kt->tiny_us = local_time(lc, &plan, &l, 200);
     free(ws);
 }
 
@@ -543,11 +526,11 @@ static void local_layouts(local *lc, kernel_times *kt)
     if (lc->big_k == NULL) return;
     for (int layout = LAYOUT_DAEMON; layout <= LAYOUT_RANDOM; layout++) {
         local_layout(lc, layout);
-        void *ws = local_plan(lc, 0, &plan);
-        attnd_step_layer l = local_layer(lc, plan.num_tokens);
+        void *ws = local_plan(lc, 0, 0, &plan);
+        attnd_plan_layer l = local_layer(lc, plan.num_tokens);
         l.k_cache = cache_t(lc->big_k, POOL_BLOCKS);
         l.v_cache = cache_t(lc->big_v, POOL_BLOCKS);
-        double us = local_time(lc, &plan, &l, RUN_PLAN, 100);
+        double us = local_time(lc, &plan, &l, 100);
         if (layout == LAYOUT_DAEMON)
             kt->decode_daemon_layout_us = us;
         else
@@ -612,8 +595,8 @@ static dmetrics http_metrics(int port)
 static void local_graphs(local *lc, kernel_times *kt)
 {
     attnd_plan plan;
-    void *ws = local_plan(lc, 0, &plan);
-    attnd_step_layer l = local_layer(lc, plan.num_tokens);
+    void *ws = local_plan(lc, 0, 0, &plan);
+    attnd_plan_layer l = local_layer(lc, plan.num_tokens);
     kt->wall_graph_us = local_wall(lc, &plan, &l, 1, 200);
     kt->wall_capture_us = local_wall(lc, &plan, &l, 2, 100);
     free(ws);

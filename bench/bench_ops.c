@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "attnd/kernels.h"
+#include "check.h"
 
 #ifndef ATTND_HAVE_CUDA
 int main(void)
@@ -29,24 +30,9 @@ static void *flush_buf;
 static const size_t flush_bytes = (size_t)256 << 20;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        attnd_err rv_ = (call);                                                                    \
-        if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "bench_ops: %s: %s (%s)\n", #call, attnd_strerror(rv_),                \
-                    attnd_backend_last_error(gpu));                                                \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CK(call) ATTND_CHECK(call, gpu)
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_ops: %s: %s\n", #call, cudaGetErrorString(e_));                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CU(call) ATTND_CHECK_CUDA(call)
 
 static double rnd(void) /* uniform [-1, 1) */
 {

@@ -1,5 +1,7 @@
-/* attnd: wires config, log, executor, ops, server and loop together. Policy lives in the
- * modules; here only the order of construction and the small callbacks that connect them. */
+/* attnd: wires config, log, executor, the serving state, the wire (socket and channels),
+ * observability and the loop together. Policy lives in the modules (core/ < obs/ < state/ <
+ * wire/ < serve/); here only the order of construction and the small callbacks that connect
+ * them. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdint.h>
@@ -8,15 +10,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "channel.h"
-#include "config.h"
-#include "exec.h"
-#include "log.h"
-#include "loop.h"
-#include "observe.h"
-#include "ops.h"
-#include "server.h"
-#include "shmguard.h"
+#include "core/config.h"
+#include "core/exec.h"
+#include "core/log.h"
+#include "core/loop.h"
+#include "obs/observe.h"
+#include "serve/dispatch.h"
+#include "serve/serve.h"
+#include "wire/socket.h"
+#include "wire/wire.h"
 
 #define TICK_MS 100
 
@@ -26,11 +28,10 @@ typedef struct daemon_ctx {
     attnd_log log;
     attnd_loop loop;
     attnd_exec *ex;
-    attnd_ops *ops;
-    attnd_server *srv;
+    attnd_serve *sv;
+    attnd_wire wire;
+    attnd_socket *sock;
     attnd_observe *obs;
-    attnd_shmguard *guard; /* client-owned shm (regions, channels): shrunk reads as zeros */
-    attnd_channels *channels;
     uint64_t ticks;
 } daemon_ctx;
 
@@ -38,10 +39,10 @@ static const char *const backend_names[] = {"cpu", "cuda", "auto"};
 
 /* ---------------------------------------------------------------- executor-side glue */
 
-static void exec_sweep(void *ops, uint64_t v)
+static void exec_sweep(void *sv, uint64_t v)
 {
     (void)v;
-    attnd_ops_sweep(ops);
+    attnd_serve_sweep(sv);
 }
 
 /* Executor thread (which owns the cache): refresh the gauges /metrics and /status show. */
@@ -49,18 +50,17 @@ static void exec_gauges(void *arg, uint64_t v)
 {
     daemon_ctx *d = arg;
     (void)v;
-    attnd_observe_gauges(d->obs, attnd_cache_blocks_free(d->ops->cache),
-                         attnd_cache_num_seqs(d->ops->cache), d->ops->sessions.count);
+    attnd_serve_gauges(d->sv, d->obs);
 }
 
-static void exec_stats(void *ops, uint64_t v)
+static void exec_stats(void *sv, uint64_t v)
 {
     (void)v;
-    attnd_ops_log_stats(ops);
+    attnd_serve_log_stats(sv);
 }
 
 typedef struct live_update {
-    attnd_ops *ops;
+    attnd_serve *sv;
     attnd_config cfg;
 } live_update;
 
@@ -68,7 +68,7 @@ static void exec_apply_live(void *arg, uint64_t v)
 {
     live_update *u = arg;
     (void)v;
-    attnd_ops_apply_live(u->ops, &u->cfg);
+    attnd_serve_apply_live(u->sv, &u->cfg);
     free(u);
 }
 
@@ -78,13 +78,13 @@ static void hook_drain(void *arg)
 {
     daemon_ctx *d = arg;
     attnd_observe_drain(d->obs);
-    attnd_server_drain(d->srv);
+    attnd_socket_drain(d->sock);
 }
 
 static int hook_drained(void *arg)
 {
     daemon_ctx *d = arg;
-    return attnd_server_busy(d->srv) == 0 && attnd_exec_pending(d->ex) == 0;
+    return attnd_wire_busy(&d->wire) == 0 && attnd_exec_pending(d->ex) == 0;
 }
 
 static void hook_reload(void *arg)
@@ -103,7 +103,7 @@ static void hook_reload(void *arg)
     attnd_log_set_level(&d->log, (attnd_log_level)d->cfg.log.level);
     live_update *u = malloc(sizeof *u);
     if (u != NULL) {
-        u->ops = d->ops;
+        u->sv = d->sv;
         u->cfg = d->cfg;
         if (attnd_exec_post(d->ex, exec_apply_live, u, 0) != ATTND_ERR_OK) free(u);
     }
@@ -118,37 +118,23 @@ static void hook_tick(void *arg)
     uint64_t every = (uint64_t)d->cfg.log.stats_interval_s * 1000 / TICK_MS;
     d->ticks++;
     attnd_observe_tick(d->obs, attnd_exec_pending(d->ex));
-    attnd_exec_post(d->ex, exec_sweep, d->ops, 0);
+    attnd_exec_post(d->ex, exec_sweep, d->sv, 0);
     attnd_exec_post(d->ex, exec_gauges, d, 0);
-    if (every && d->ticks % every == 0) attnd_exec_post(d->ex, exec_stats, d->ops, 0);
+    if (every && d->ticks % every == 0) attnd_exec_post(d->ex, exec_stats, d->sv, 0);
 }
 
 /* ---------------------------------------------------------------- startup */
 
-/* The SIGBUS guard over client-owned shm (HOST_SHM regions, channels: a client that truncates
- * its object fails its own requests, not the daemon) and the shared-memory channels. */
-static attnd_err start_channels(daemon_ctx *d, char *err, size_t n)
+/* The wire (socket, and channels through the executor's poller) in front of the handlers. */
+static attnd_err start_wire(daemon_ctx *d, char *err, size_t n)
 {
-    attnd_err rv;
-    const attnd_cfg_limits *l = &d->cfg.limits;
-    uint64_t cap = (uint64_t)d->cfg.server.channels + (uint64_t)l->max_sessions * l->max_regions;
-    d->ops->spin_us = d->cfg.server.spin_us;
-    if (cap < 1024) cap = 1024; /* room for limits raised by a reload */
-    if (cap > INT32_MAX) cap = INT32_MAX;
-    if ((rv = attnd_shmguard_alloc(&d->guard, (uint32_t)cap)) != ATTND_ERR_OK) {
-        snprintf(err, n, "shmguard: cannot watch %llu mappings: %s", (unsigned long long)cap,
-                 attnd_strerror(rv));
-        return rv;
-    }
-    d->ops->guard = d->guard;
-    if (d->cfg.server.channels == 0) return ATTND_ERR_OK;
-    if ((rv = attnd_channels_alloc(&d->channels, d->guard, d->cfg.server.channels, &d->log))) {
-        snprintf(err, n, "server.channels: cannot set up %u channels: %s", d->cfg.server.channels,
-                 attnd_strerror(rv));
-        return rv;
-    }
-    d->ops->channels = d->channels;
-    return ATTND_ERR_OK;
+    attnd_wire_handler handler = attnd_dispatch_wire_handler(d->sv);
+    attnd_wire_init(&d->wire, &handler, &d->log);
+    attnd_wire_set_observe(&d->wire, d->obs);
+    attnd_serve_attach(d->sv, &d->wire, d->cfg.server.spin_us);
+    attnd_exec_poller poller = attnd_serve_poller(d->sv);
+    attnd_exec_set_poller(d->ex, &poller, d->cfg.server.spin_us);
+    return attnd_socket_alloc(&d->sock, &d->cfg, &d->wire, d->ex, &d->log, err, n);
 }
 
 static int start_modules(daemon_ctx *d)
@@ -163,30 +149,27 @@ static int start_modules(daemon_ctx *d)
         snprintf(err, sizeof err, "backend: cannot open \"%s\": %s", be, attnd_strerror(rv));
         goto fail;
     }
-    /* cpu: the planner fills the worker threads; cuda: ops counts the SMs itself */
+    /* cpu: the planner fills the worker threads; cuda: the SMs, counted by state/devmem */
     int32_t units = d->cfg.threads ? (int32_t)d->cfg.threads : (int32_t)(cores > 0 ? cores : 1);
-    rv = attnd_ops_alloc(&d->ops, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
+    rv = attnd_serve_alloc(&d->sv, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
     if (rv != ATTND_ERR_OK) {
         snprintf(err, sizeof err, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
         goto fail;
     }
     if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK) goto fail;
-    attnd_observe_set_memory(d->obs, d->ops->geo.num_blocks, d->ops->device_name,
-                             d->ops->device_bytes);
+    attnd_observe_set_memory(d->obs, d->sv->model.geo.num_blocks, d->sv->dm->device_name,
+                             d->sv->dm->device_bytes);
     if ((rv = attnd_observe_start(d->obs, attnd_backend_name(attnd_exec_backend(d->ex)), err,
                                   sizeof err)) != ATTND_ERR_OK)
         goto fail;
-    d->ops->metrics = attnd_observe_metrics(d->obs);
-    d->ops->log_limit = attnd_observe_ratelimit(d->obs);
-    if ((rv = start_channels(d, err, sizeof err)) != ATTND_ERR_OK) goto fail;
-    if ((rv = attnd_server_alloc(&d->srv, &d->cfg, d->ops, d->ex, &d->log, err, sizeof err)))
-        goto fail;
-    attnd_server_set_observe(d->srv, d->obs);
+    attnd_serve_set_observe(d->sv, d->obs);
+    if ((rv = attnd_serve_open_shm(d->sv, &d->cfg, err, sizeof err)) != ATTND_ERR_OK) goto fail;
+    if ((rv = start_wire(d, err, sizeof err)) != ATTND_ERR_OK) goto fail;
     if ((rv = attnd_exec_start(d->ex)) != ATTND_ERR_OK) {
         snprintf(err, sizeof err, "executor: cannot start its thread");
         goto fail;
     }
-    attnd_server_start(d->srv);
+    attnd_socket_start(d->sock);
     return 0;
 fail:
     ATTND_LOG(&d->log, ATTND_LOG_ERROR, "event=start_failed code=%s err=\"%s\"", attnd_err_name(rv),
@@ -196,12 +179,10 @@ fail:
 
 static void stop_modules(daemon_ctx *d)
 {
-    /* the executor first: it may still send replies on the server's contexts */
+    /* the executor first: it may still send replies on the socket's contexts */
     if (d->ex) attnd_exec_stop(d->ex);
-    attnd_server_free(d->srv);
-    attnd_ops_free(d->ops);
-    attnd_channels_free(d->channels); /* after ops: closing a session closes its channels */
-    attnd_shmguard_free(d->guard);
+    attnd_socket_free(d->sock);
+    attnd_serve_free(d->sv);
     attnd_exec_free(d->ex);
     attnd_observe_free(d->obs); /* last: the server and executor count into its metrics */
 }
@@ -224,7 +205,7 @@ static int run(daemon_ctx *d)
     ATTND_LOG(&d->log, ATTND_LOG_INFO,
               "event=ready version=%s backend=%s layers=%u blocks=%u listen=%s pid=%d",
               ATTND_VERSION_STRING, attnd_backend_name(attnd_exec_backend(d->ex)),
-              d->cfg.geometry.num_layers, d->ops->geo.num_blocks, d->cfg.server.listen,
+              d->cfg.geometry.num_layers, d->sv->model.geo.num_blocks, d->cfg.server.listen,
               (int)getpid());
     attnd_observe_ready(d->obs);
     int lrv = attnd_loop_run(&d->loop);

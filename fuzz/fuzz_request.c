@@ -1,5 +1,5 @@
 /* libFuzzer target: the daemon's request path after the socket, decode (protobuf-c), validation
- * and dispatch (attnd_ops_handle on the CPU backend), reply packing, connection drops and the
+ * and dispatch (attnd_dispatch on the CPU backend), reply packing, connection drops and the
  * reclaim of their sessions.
  *
  * An input is a sequence of frames (fuzz/gen_corpus.py writes the seeds): u8 flags, u16 LE
@@ -20,10 +20,10 @@
 #include <string.h>
 
 #include "attnd.pb-c.h"
-#include "cache.h"
-#include "config.h"
-#include "log.h"
-#include "ops.h"
+#include "state/cache.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "serve/dispatch.h"
 
 #define MAX_IDS 4
 
@@ -35,7 +35,7 @@ typedef struct fuzz_env {
 } fuzz_env;
 
 typedef struct fuzz_state {
-    attnd_ops *ops;
+    attnd_serve *sv;
     uint64_t sessions[MAX_IDS], steps[MAX_IDS];
     int nsessions, nsteps;
 } fuzz_state;
@@ -78,7 +78,7 @@ static fuzz_env *fuzz_env_get(void)
     return &env;
 }
 
-static void fuzz_fail(const char *what, const attnd_ops_reply *r)
+static void fuzz_fail(const char *what, const attnd_reply *r)
 {
     fprintf(stderr, "fuzz: invariant broken: %s (code %u, message \"%s\")\n", what,
             r ? r->reply.code : 0, r && r->reply.message ? r->reply.message : "");
@@ -98,7 +98,7 @@ static void map_ids(const fuzz_state *st, Attnd__Request *req)
 }
 
 /* Pack the reply as the server does (a reply that cannot be packed would be a bug too). */
-static void check_reply(const attnd_ops_reply *r)
+static void check_reply(const attnd_reply *r)
 {
     if (r->reply.code > ATTND_ERR_INTERNAL) fuzz_fail("reply code out of range", r);
     if (r->reply.code != ATTND_ERR_OK && (r->reply.message == NULL || !r->reply.message[0]))
@@ -116,11 +116,11 @@ static void check_reply(const attnd_ops_reply *r)
 static void run_frame(fuzz_state *st, const uint8_t *msg, size_t len, uint32_t pipe)
 {
     Attnd__Request *req = attnd__request__unpack(NULL, len, msg);
-    attnd_ops_reply r;
+    attnd_reply r;
     if (req == NULL) return; /* the server answers PROTOCOL; nothing past decode to exercise */
     map_ids(st, req);
-    attnd_ops_reply_init(&r, req->id);
-    attnd_ops_handle(st->ops, req, pipe, 0, &r);
+    attnd_reply_init(&r, req->id);
+    attnd_dispatch(st->sv, req, pipe, 0, &r);
     check_reply(&r);
 #ifdef ATTND_FUZZ_REPLAY
     if (getenv("ATTND_FUZZ_VERBOSE"))
@@ -133,7 +133,7 @@ static void run_frame(fuzz_state *st, const uint8_t *msg, size_t len, uint32_t p
     if (r.reply.code == ATTND_ERR_OK && r.reply.body_case == ATTND__REPLY__BODY_STEP &&
         st->nsteps < MAX_IDS)
         st->steps[st->nsteps++] = r.reply.step->step;
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     attnd__request__free_unpacked(req, NULL);
 }
 
@@ -145,7 +145,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_state st = {0};
     /* pipe ids as NNG hands them out: arbitrary non-zero */
     static const uint32_t pipes[2] = {0x2f000001u, 0x2f000002u};
-    if (attnd_ops_alloc(&st.ops, &env->cfg, env->be, 1, &env->log) != ATTND_ERR_OK) abort();
+    if (attnd_serve_alloc(&st.sv, &env->cfg, env->be, 1, &env->log) != ATTND_ERR_OK) abort();
     while (size >= 3) {
         uint8_t flags = data[0];
         size_t len = (size_t)data[1] | (size_t)data[2] << 8;
@@ -153,15 +153,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (len > size) len = size;
         run_frame(&st, data, len, pipes[flags & 1]);
         data += len, size -= len;
-        if (flags & 2) attnd_ops_pipe_closed(st.ops, pipes[flags & 1]);
+        if (flags & 2) attnd_serve_pipe_closed(st.sv, pipes[flags & 1]);
     }
-    attnd_ops_pipe_closed(st.ops, pipes[0]);
-    attnd_ops_pipe_closed(st.ops, pipes[1]);
-    attnd_ops_sweep(st.ops);
-    if (attnd_cache_num_seqs(st.ops->cache) != 0 ||
-        attnd_cache_blocks_free(st.ops->cache) != env->cfg.geometry.num_blocks)
+    attnd_serve_pipe_closed(st.sv, pipes[0]);
+    attnd_serve_pipe_closed(st.sv, pipes[1]);
+    attnd_serve_sweep(st.sv);
+    if (attnd_cache_num_seqs(st.sv->cache) != 0 ||
+        attnd_cache_blocks_free(st.sv->cache) != env->cfg.geometry.num_blocks)
         fuzz_fail("sequences or blocks left after every connection dropped", NULL);
-    attnd_ops_free(st.ops);
+    attnd_serve_free(st.sv);
     return 0;
 }
 

@@ -22,6 +22,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 /* Few blocks, so one request can run the pool dry while the good client holds some. */
 #define CONFIG                                                                                     \
@@ -74,16 +75,9 @@ static void *good_loop(void *arg)
 static void good_start(good_client *g, const attnd_daemon_proc *d)
 {
     memset(g, 0, sizeof *g);
-    cr_assert_not_null(g->c = attnd_daemon_connect(d, 20000));
-    const attnd_geometry *geo = &attnd_client_server(g->c)->geometry;
-    cr_assert_eq(attnd_mirror_init(&g->m, geo, NULL, 40 + MAX_GOOD_STEPS), 0);
-    cr_assert_eq(
-        attnd_client_shm_create(g->c, attnd_e2e_io_bytes(geo, ATTND_DTYPE_F32, 64), &g->shm),
-        ATTND_ERR_OK);
-    for (uint64_t id = 1; id <= 2; id++) {
-        cr_assert_eq(attnd_client_seq_create(g->c, id, NULL), ATTND_ERR_OK);
-        cr_assert_eq(attnd_mirror_create(&g->m, id), 0);
-    }
+    attnd_test_mirror_client(d, NULL, 40 + MAX_GOOD_STEPS, ATTND_DTYPE_F32, 64, &g->c, &g->m,
+                             &g->shm);
+    attnd_test_mirror_seqs(g->c, &g->m, 2);
     attnd_rng_seed(&g->r, 31);
     cr_assert_eq(pthread_create(&g->thread, NULL, good_loop, g), 0);
 }
@@ -116,14 +110,7 @@ static void good_finish(good_client *g)
     pthread_join(g->thread, NULL);
     cr_assert_eq(g->failed, ATTND_ERR_OK, "good client: %s", attnd_err_name(g->failed));
     cr_assert_eq(atomic_load(&g->steps), atomic_load(&g->target));
-    cr_expect_leq(g->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32),
-                  "good client out vs CPU op: %.3g", g->errs.direct);
-    cr_expect_leq(g->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "good client lse vs CPU op: %.3g",
-                  g->errs.direct_lse);
-    cr_expect_leq(g->errs.ref, attnd_tol_for(ATTND_DTYPE_F32), "good client vs reference: %.3g",
-                  g->errs.ref);
-    cr_expect_leq(g->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "good client lse vs reference: %.3g",
-                  g->errs.ref_lse);
+    attnd_test_expect_errs(&g->errs, ATTND_DTYPE_F32, "good client");
     fprintf(stderr, "badinput: good client ran %d decode steps (%lld attends), worst %.2g\n",
             atomic_load(&g->steps), (long long)g->errs.attends, g->errs.ref);
     cr_assert_eq(attnd_client_seq_free(g->c, 1), ATTND_ERR_OK);
@@ -462,9 +449,9 @@ Test(badinput, every_bad_request_gets_its_code_and_the_good_client_is_served, .t
     bad_client b;
     attnd_status st;
     memset(&b, 0, sizeof b);
-    cr_assert_eq(attnd_daemon_start(&d, CONFIG), 0, "daemon did not start");
+    attnd_test_daemon_start(&d, CONFIG);
     good_start(&g, &d);
-    cr_assert_not_null(b.c = attnd_daemon_connect(&d, 20000));
+    b.c = attnd_test_connect(&d);
     b.geo = &attnd_client_server(b.c)->geometry;
     /* make the ids differ from the good client's, so "foreign" is really foreign */
     (void)attnd_client_region_next_id(b.c);

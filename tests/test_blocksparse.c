@@ -8,6 +8,7 @@
 
 #include "ref_ops.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define MAX_BATCH 8
 
@@ -24,14 +25,6 @@ typedef struct brun {
     attnd_test_tensor q, k, v, out, cuq, cuk, crow, col;
     attnd_blocksparse_params p;
 } brun;
-
-static attnd_backend *open_cpu(void)
-{
-    attnd_backend *b = NULL;
-    attnd_backend_opts opts = {3, 0};
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 /* Does a row of head h whose diagonal key block is diag list key block kb <= diag? */
 static int layout_pick(const bdesc *dc, attnd_rng *r, int64_t h, int64_t kb, int64_t diag)
@@ -128,7 +121,7 @@ static bdesc bdesc_base(int64_t hq, int64_t hk, int64_t d, int32_t bs)
 
 Test(blocksparse, prefill_local_vertical_layout, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 31);
     bdesc dc = bdesc_base(4, 2, 128, 64);
@@ -145,7 +138,7 @@ Test(blocksparse, prefill_local_vertical_layout, .timeout = 120)
 
 Test(blocksparse, decode_local_vertical_layout, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 32);
     bdesc dc = bdesc_base(8, 1, 96, 32);
@@ -166,7 +159,7 @@ Test(blocksparse, random_layouts, .timeout = 120)
 {
     static const int32_t sizes[][2] = {{16, 32}, {64, 16}, {32, 0}, {128, 64}};
     static const int64_t heads[] = {32, 80, 192, 256};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 33);
     for (int i = 0; i < 4; i++) {
@@ -193,7 +186,7 @@ Test(blocksparse, random_layouts, .timeout = 120)
  * varlen op on the same inputs. */
 Test(blocksparse, full_layout_equals_causal_varlen, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 34);
     bdesc dc = bdesc_base(4, 2, 64, 16);
@@ -230,7 +223,7 @@ Test(blocksparse, full_layout_equals_causal_varlen, .timeout = 120)
 
 Test(blocksparse, bf16_output, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 35);
     bdesc dc = bdesc_base(2, 1, 112, 64);

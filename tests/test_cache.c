@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "state/cache.h"
 #include "testutil.h"
 
 #define NB 32

@@ -9,6 +9,7 @@
 
 #include "attnd/kernels.h"
 #include "testutil.h"
+#include "suite.h"
 
 static const attnd_dtype SRC[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
 static const attnd_dtype CACHE[3] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3};
@@ -27,14 +28,6 @@ typedef struct cw_bufs {
     attnd_test_tensor key, value, kc, vc, slots;
     attnd_cache_write_params p;
 } cw_bufs;
-
-static attnd_backend *open_cpu(void)
-{
-    attnd_backend_opts opts = {3, 0};
-    attnd_backend *b = NULL;
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 static void cw_defaults(cw_case *c)
 {
@@ -197,7 +190,7 @@ static void check_write(attnd_backend *b, const cw_case *c, uint64_t seed, doubl
 
 Test(cache_write, round_trip_every_dtype_pair, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int si = 0; si < 3; si++) {
         for (int ci = 0; ci < 3; ci++) {
             cw_case c;
@@ -212,7 +205,7 @@ Test(cache_write, round_trip_every_dtype_pair, .timeout = 120)
 /* Dequantised read-back is the input within the cache dtype's precision. */
 Test(cache_write, dequantised_read_back_is_close, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int ci = 0; ci < 3; ci++) {
         cw_case c;
         cw_bufs w;
@@ -244,7 +237,7 @@ Test(cache_write, dequantised_read_back_is_close, .timeout = 120)
 
 Test(cache_write, negative_slots_are_skipped, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int ci = 0; ci < 3; ci++) {
         cw_case c;
         cw_defaults(&c);
@@ -259,7 +252,7 @@ Test(cache_write, negative_slots_are_skipped, .timeout = 120)
 
 Test(cache_write, i32_and_i64_slot_mappings, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     cw_case c;
     cw_defaults(&c);
     c.skip_every = 4;
@@ -272,7 +265,7 @@ Test(cache_write, i32_and_i64_slot_mappings, .timeout = 120)
 
 Test(cache_write, strided_views_and_layouts, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int k = 0; k < 4; k++) {
         cw_case c;
         cw_defaults(&c);
@@ -289,7 +282,7 @@ Test(cache_write, strided_views_and_layouts, .timeout = 120)
  * others are chosen exactly representable after the division, so they read back exactly. */
 Test(cache_write, fp8_saturates, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     cw_case c;
     cw_bufs w;
     cw_defaults(&c);
@@ -323,7 +316,7 @@ Test(cache_write, fp8_saturates, .timeout = 120)
 
 Test(cache_write, no_tokens, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     cw_case c;
     cw_defaults(&c);
     c.tokens = 0;
@@ -333,7 +326,7 @@ Test(cache_write, no_tokens, .timeout = 120)
 
 Test(cache_write, many_tokens_across_chunks, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     cw_case c;
     cw_defaults(&c);
     c.tokens = 700, c.blocks = 60, c.bs = 16, c.heads = 1, c.d = 32;

@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "attnd_channel.h"
-#include "channel.h"
-#include "shmguard.h"
+#include "wire/channel.h"
+#include "core/shmguard.h"
 
 #define REQ_BYTES 256u
 #define REP_BYTES 512u

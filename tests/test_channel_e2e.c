@@ -32,6 +32,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 /* Small CPU geometry; sessions of dropped connections reclaimed after 300 ms; warnings logged
  * (event=channel_broken is one). */
@@ -168,18 +169,11 @@ static void good_start(good *g, const attnd_daemon_proc *d)
 {
     attnd_step_seq prefill[2] = {{1, 20}, {2, 33}};
     memset(g, 0, sizeof *g);
-    cr_assert_not_null(g->c = attnd_daemon_connect(d, 20000));
+    attnd_test_mirror_client(d, NULL, 40 + MAX_GOOD_STEPS, ATTND_DTYPE_F32, 64, &g->c, &g->m,
+                             &g->shm);
     cr_assert(attnd_client_channel_active(g->c), "no channel: %s",
               attnd_client_channel_error(g->c));
-    const attnd_geometry *geo = &attnd_client_server(g->c)->geometry;
-    cr_assert_eq(attnd_mirror_init(&g->m, geo, NULL, 40 + MAX_GOOD_STEPS), 0);
-    cr_assert_eq(
-        attnd_client_shm_create(g->c, attnd_e2e_io_bytes(geo, ATTND_DTYPE_F32, 64), &g->shm),
-        ATTND_ERR_OK);
-    for (uint64_t id = 1; id <= 2; id++) {
-        cr_assert_eq(attnd_client_seq_create(g->c, id, NULL), ATTND_ERR_OK);
-        cr_assert_eq(attnd_mirror_create(&g->m, id), 0);
-    }
+    attnd_test_mirror_seqs(g->c, &g->m, 2);
     attnd_rng_seed(&g->r, 41);
     cr_assert_eq(
         attnd_e2e_step(g->c, &g->m, &g->shm, ATTND_DTYPE_F32, 0, prefill, 2, 0, &g->r, &g->errs),
@@ -533,7 +527,7 @@ typedef struct fixture {
 static void fx_start(fixture *f, const char *config)
 {
     memset(f, 0, sizeof *f);
-    cr_assert_eq(attnd_daemon_start(&f->d, config), 0, "daemon did not start");
+    attnd_test_daemon_start(&f->d, config);
     cur_daemon = &f->d;
     good_start(&f->g, &f->d);
     hostile_start(&f->x, &f->d);
@@ -1110,7 +1104,7 @@ static int wait_asleep(const hchan *h)
 
 /* A second post on a slot before the first one's reply.
  *
- * What the daemon does (daemon/channel.c slot_take): it takes a slot's request when req_seq
+ * What the daemon does (daemon/wire/channel.c slot_take): it takes a slot's request when req_seq
  * differs from the last number it took, whatever the number, and answers with rep_seq = the
  * number it took; a slot whose request is taken and not yet answered is skipped. So:
  *   - both posts land between two polls (here: the executor asleep): only the latest runs, the

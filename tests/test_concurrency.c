@@ -10,6 +10,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define NTHREADS 4
 #define STEPS 24
@@ -76,14 +77,9 @@ static void check_worker(worker *w)
     attnd_dtype dt = w->index % 2 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F32;
     cr_assert_eq(w->failed, ATTND_ERR_OK, "worker %d: %s", w->index, attnd_err_name(w->failed));
     cr_assert_eq(w->steps, STEPS);
-    cr_expect_leq(w->errs.direct, attnd_e2e_direct_tol(dt), "worker %d: out vs CPU op %.3g",
-                  w->index, w->errs.direct);
-    cr_expect_leq(w->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "worker %d: lse vs CPU op %.3g",
-                  w->index, w->errs.direct_lse);
-    cr_expect_leq(w->errs.ref, attnd_tol_for(dt), "worker %d: out vs reference %.3g", w->index,
-                  w->errs.ref);
-    cr_expect_leq(w->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "worker %d: lse vs reference %.3g",
-                  w->index, w->errs.ref_lse);
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", w->index);
+    attnd_test_expect_errs(&w->errs, dt, who);
     attnd_mirror_fini(&w->m);
 }
 
@@ -121,7 +117,7 @@ Test(concurrency, clients_in_threads, .timeout = 120)
 {
     attnd_daemon_proc d;
     worker ws[NTHREADS];
-    cr_assert_eq(attnd_daemon_start(&d, ATTND_TEST_CONFIG_SMALL), 0, "daemon did not start");
+    attnd_test_daemon_start(&d, ATTND_TEST_CONFIG_SMALL);
     run_workers(ws, &d, NULL);
     for (int i = 0; i < NTHREADS; i++)
         attnd_client_free(ws[i].c);
@@ -134,8 +130,8 @@ Test(concurrency, threads_share_one_client, .timeout = 120)
     attnd_daemon_proc d;
     worker ws[NTHREADS];
     attnd_client *c;
-    cr_assert_eq(attnd_daemon_start(&d, ATTND_TEST_CONFIG_SMALL), 0, "daemon did not start");
-    cr_assert_not_null(c = attnd_daemon_connect(&d, 20000));
+    attnd_test_daemon_start(&d, ATTND_TEST_CONFIG_SMALL);
+    c = attnd_test_connect(&d);
     run_workers(ws, &d, c);
     attnd_client_free(c);
     expect_all_free(&d);

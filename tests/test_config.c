@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "attnd/dtype.h"
-#include "config.h"
-#include "log.h"
+#include "core/config.h"
+#include "core/log.h"
 
 static char err[512];
 

@@ -12,6 +12,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define NSEQS 3
 #define MAX_TOKENS 160
@@ -103,7 +104,7 @@ static void run_case(const e2e_case *k)
     attnd_e2e_errs errs;
     const attnd_geometry *g;
     int64_t steps;
-    cr_assert_eq(attnd_daemon_start(&d, k->config), 0, "daemon did not start");
+    attnd_test_daemon_start(&d, k->config);
     const char *url = k->url ? k->url : k->over_tcp ? d.tcp_url : d.url;
     cr_assert_not_null(c = attnd_daemon_connect_url(url, 20000, k->tls_ca));
     g = &attnd_client_server(c)->geometry;

@@ -10,6 +10,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 typedef struct fixture {
     attnd_daemon_proc d;
@@ -25,13 +26,9 @@ typedef struct fixture {
 static void setup(fixture *f, uint64_t seed)
 {
     memset(f, 0, sizeof *f);
-    cr_assert_eq(attnd_daemon_start(&f->d, ATTND_TEST_CONFIG_SMALL), 0, "daemon did not start");
-    cr_assert_not_null(f->c = attnd_daemon_connect(&f->d, 20000));
+    attnd_test_daemon_start(&f->d, ATTND_TEST_CONFIG_SMALL);
+    attnd_test_mirror_client(&f->d, NULL, 256, ATTND_DTYPE_F32, 128, &f->c, &f->m, &f->shm);
     f->g = &attnd_client_server(f->c)->geometry;
-    cr_assert_eq(attnd_mirror_init(&f->m, f->g, NULL, 256), 0);
-    cr_assert_eq(
-        attnd_client_shm_create(f->c, attnd_e2e_io_bytes(f->g, ATTND_DTYPE_F32, 128), &f->shm),
-        ATTND_ERR_OK);
     attnd_rng_seed(&f->r, seed);
 }
 
@@ -41,14 +38,7 @@ static void teardown(fixture *f)
     cr_assert_eq(attnd_client_status(f->c, &st), ATTND_ERR_OK);
     cr_assert_eq(st.blocks_free, f->g->num_blocks, "blocks lost: %u free of %u", st.blocks_free,
                  f->g->num_blocks);
-    cr_expect_leq(f->errs.direct, attnd_e2e_direct_tol(ATTND_DTYPE_F32), "out vs CPU op: %.3g",
-                  f->errs.direct);
-    cr_expect_leq(f->errs.direct_lse, ATTND_E2E_DIRECT_LSE_TOL, "lse vs CPU op: %.3g",
-                  f->errs.direct_lse);
-    cr_expect_leq(f->errs.ref, attnd_tol_for(ATTND_DTYPE_F32), "out vs reference: %.3g",
-                  f->errs.ref);
-    cr_expect_leq(f->errs.ref_lse, ATTND_E2E_REF_LSE_TOL, "lse vs reference: %.3g",
-                  f->errs.ref_lse);
+    attnd_test_expect_errs(&f->errs, ATTND_DTYPE_F32, "fork_cow");
     cr_assert_eq(f->errs.attends, f->attends);
     cr_assert_eq(attnd_client_shm_destroy(f->c, &f->shm), ATTND_ERR_OK);
     attnd_client_free(f->c);

@@ -14,8 +14,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "http.h"
-#include "metrics.h"
+#include "obs/http.h"
+#include "obs/metrics.h"
 
 typedef struct fake_daemon {
     bool healthy;

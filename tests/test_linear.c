@@ -14,6 +14,7 @@
 
 #include "ref_ops.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define SIGMA 0.5
 #define F32_TOL 1e-4
@@ -22,14 +23,6 @@ typedef struct lrun {
     attnd_test_tensor q, k, v, out, slopes, state;
     attnd_linear_prefill_params p;
 } lrun;
-
-static attnd_backend *open_cpu(void)
-{
-    attnd_backend *b = NULL;
-    attnd_backend_opts opts = {3, 0};
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 static void slopes_alloc(attnd_test_tensor *t, int64_t heads)
 {
@@ -92,7 +85,7 @@ static void prefill_check(attnd_backend *b, lrun *l, double tol, const char *wha
 
 Test(linear, prefill_700_tokens_block_256, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 41);
     lrun l;
@@ -111,7 +104,7 @@ Test(linear, prefill_block_sizes_and_dtypes, .timeout = 120)
                                       ATTND_DTYPE_BF16};
     static const attnd_dtype outs[] = {ATTND_DTYPE_F32, ATTND_DTYPE_F32, ATTND_DTYPE_BF16,
                                        ATTND_DTYPE_F16};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 42);
     for (int i = 0; i < 4; i++) {
@@ -139,7 +132,7 @@ static attnd_tensor token_view(const attnd_tensor *t, int64_t t0, int64_t len)
 Test(linear, chunked_prefill_carries_history, .timeout = 120)
 {
     static const int64_t chunks[] = {1, 255, 300, 144};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 43);
     lrun l;
@@ -241,7 +234,7 @@ Test(linear, prefill_then_decode, .timeout = 120)
 {
     const int64_t H = 4, d = 64, e = 64, n = 300, steps = 5, slots = 5, slot_elems = H * d * e;
     static const int seq_of[3] = {1, -1, 0};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 44);
     lrun l; /* all n + steps tokens; the prefill sees the first n */
@@ -327,7 +320,7 @@ Test(linear, decode_slots, .timeout = 120)
 {
     const int64_t rows = 4, H = 8, d = 128, e = 128, slot_elems = H * d * e;
     static const int32_t slot_of[4] = {5, -1, 2, 0};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 45);
     drun dr;
@@ -354,7 +347,7 @@ Test(linear, decode_slots, .timeout = 120)
 
 Test(linear, strided_views, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 46);
     lrun l;
@@ -367,7 +360,7 @@ Test(linear, strided_views, .timeout = 120)
 
 Test(linear, empty_prefill_keeps_state, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 47);
     lrun l;

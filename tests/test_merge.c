@@ -6,19 +6,12 @@
 
 #include "ref_ops.h"
 #include "testutil.h"
+#include "suite.h"
 
 typedef struct merge_case {
     attnd_test_tensor out, out_lse, po, pl, so, sl;
     attnd_merge_params p;
 } merge_case;
-
-static attnd_backend *open_cpu(void)
-{
-    attnd_backend *b = NULL;
-    attnd_backend_opts opts = {3, 0};
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 /* pad > head size gives non-contiguous rows; LSE rows are padded too when pad > 0. */
 static void merge_alloc(merge_case *c, int64_t T, int64_t H, int64_t D, attnd_dtype in_dt,
@@ -88,7 +81,7 @@ Test(merge, random_shapes_and_dtypes, .timeout = 120)
 {
     static const int64_t heads[] = {32, 80, 96, 112, 128, 192, 256};
     static const attnd_dtype dts[] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 11);
     for (int i = 0; i < 7; i++)
@@ -107,7 +100,7 @@ Test(merge, random_shapes_and_dtypes, .timeout = 120)
 
 Test(merge, strided_views, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 12);
     merge_case c;
@@ -120,7 +113,7 @@ Test(merge, strided_views, .timeout = 120)
 
 Test(merge, far_apart_lses_stay_finite, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 13);
     merge_case c;
@@ -146,7 +139,7 @@ Test(merge, inf_conventions, .timeout = 120)
         {INFINITY, -INFINITY}, {-INFINITY, INFINITY},  {1.0f, 1.0f},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 14);
     merge_case c;
@@ -181,7 +174,7 @@ Test(merge, inf_conventions, .timeout = 120)
 /* An empty side is not read: garbage (NaN) in its output cannot reach the merged row. */
 Test(merge, empty_side_output_is_not_read, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 15);
     merge_case c;
@@ -202,7 +195,7 @@ Test(merge, empty_side_output_is_not_read, .timeout = 120)
 
 Test(merge, zero_tokens, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     merge_case c;
     merge_alloc(&c, 0, 4, 64, ATTND_DTYPE_F16, ATTND_DTYPE_F16, 0, 1);
     cr_assert_eq(attnd_merge_states(b, &c.p), ATTND_ERR_OK, "%s", attnd_backend_last_error(b));

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "metrics.h"
+#include "obs/metrics.h"
 
 static attnd_metrics *fresh(void)
 {

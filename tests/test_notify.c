@@ -10,7 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "notify.h"
+#include "obs/notify.h"
 
 /* A bound datagram socket standing in for systemd's notify socket; sets NOTIFY_SOCKET. */
 static int fake_manager(char *path, size_t cap, bool abstract)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "observe.h"
+#include "obs/observe.h"
 
 static attnd_log quiet_log(void)
 {

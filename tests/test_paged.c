@@ -13,6 +13,7 @@
 #include "attnd/kernels.h"
 #include "ref_paged.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define MAX_SEQS 8
 #define SPARE_BLOCKS 3 /* blocks no table uses: stay NaN */
@@ -42,14 +43,6 @@ typedef struct pbufs {
 
 static const attnd_dtype QDT[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
 static const attnd_dtype CDT[3] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3};
-
-static attnd_backend *open_cpu(int32_t threads)
-{
-    attnd_backend_opts opts = {threads, 0};
-    attnd_backend *b = NULL;
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 static int64_t cdiv(int64_t a, int64_t b)
 {
@@ -367,7 +360,7 @@ static const int32_t SOME_SEGS[] = {1, 3, 16};
 Test(paged, head_sizes, .timeout = 120)
 {
     static const int32_t sizes[] = {32, 64, 80, 96, 112, 128, 192, 256};
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int i = 0; i < 8; i++) {
         attnd_rng r;
         pcase c;
@@ -386,7 +379,7 @@ Test(paged, block_sizes_and_gqa_ratios, .timeout = 120)
 {
     static const int32_t bss[] = {16, 32, 64};
     static const int32_t heads[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}, {3, 1}};
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int i = 0; i < 3; i++) {
         for (int g = 0; g < 5; g++) {
             attnd_rng r;
@@ -406,7 +399,7 @@ Test(paged, block_sizes_and_gqa_ratios, .timeout = 120)
 Test(paged, every_dtype_pair, .timeout = 120)
 {
     static const attnd_dtype odts[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int qi = 0; qi < 3; qi++) {
         for (int ci = 0; ci < 3; ci++) {
             for (int oi = 0; oi < 3; oi++) {
@@ -427,7 +420,7 @@ Test(paged, every_dtype_pair, .timeout = 120)
 
 Test(paged, decode_prefill_chunked_and_mixed_batches, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int kind = BATCH_DECODE; kind <= BATCH_MIXED; kind++) {
         for (int i = 0; i < 4; i++) {
             attnd_rng r;
@@ -449,7 +442,7 @@ Test(paged, one_token_and_empty_sequences, .timeout = 120)
     /* seq_len 0; one token; cached context but no queries; a full block exactly; a short
      * chunk; a context of exactly one block plus one */
     static const int32_t q[] = {0, 1, 0, 1, 3, 1}, ctx[] = {0, 0, 37, 15, 13, 16};
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     pcase c;
     case_defaults(&c);
     c.num_seqs = 6;
@@ -471,7 +464,7 @@ Test(paged, one_token_and_empty_sequences, .timeout = 120)
 
 Test(paged, sliding_window_softcap_and_alibi, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int f = 0; f < 8; f++) {
         for (int i = 0; i < 3; i++) {
             attnd_rng r;
@@ -525,7 +518,7 @@ Test(paged, window_edges, .timeout = 120)
 {
     /* window 1 (only itself), exactly a block, one less and one more, longer than any sequence */
     static const int32_t windows[] = {1, 15, 16, 17, 1000};
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int i = 0; i < 5; i++) {
         attnd_rng r;
         pcase c;
@@ -540,7 +533,7 @@ Test(paged, window_edges, .timeout = 120)
 
 Test(paged, strided_views_and_cache_layouts, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int layout = LAYOUT_DENSE; layout <= LAYOUT_TRANSPOSED; layout++) {
         for (int hnd = 0; hnd < 2; hnd++) {
             attnd_rng r;
@@ -563,7 +556,7 @@ Test(paged, random_shapes_and_features, .timeout = 120)
 {
     static const int32_t sizes[] = {32, 64, 80, 96, 112, 128, 192, 256};
     static const int32_t ratios[] = {1, 2, 4, 8};
-    attnd_backend *b = open_cpu(0);
+    attnd_backend *b = attnd_test_open_cpu(0);
     for (int i = 0; i < 150; i++) {
         attnd_rng r;
         pcase c;
@@ -597,7 +590,7 @@ Test(paged, random_shapes_and_features, .timeout = 120)
  * agrees with 2D (both f32 accumulation, so tightly) and with the reference. */
 Test(paged, three_d_agrees_with_two_d_for_decode, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int i = 0; i < 3; i++) {
         attnd_rng r;
         pcase c;
@@ -634,7 +627,7 @@ Test(paged, three_d_agrees_with_two_d_for_decode, .timeout = 120)
 
 Test(paged, three_d_any_query_lengths, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     for (int kind = BATCH_PREFILL; kind <= BATCH_MIXED; kind++) {
         for (int i = 0; i < 3; i++) {
             attnd_rng r;
@@ -687,7 +680,7 @@ static void expect_segments(const pbufs *pb, const float *ws, int32_t nseg, int6
 
 Test(paged, three_d_marks_empty_segments, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(3);
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     pcase c;
     pbufs pb;
@@ -718,7 +711,7 @@ Test(paged, three_d_marks_empty_segments, .timeout = 120)
 /* Every output row is computed by one work unit: the bytes are the same for any thread count. */
 Test(paged, results_do_not_depend_on_thread_count, .timeout = 120)
 {
-    attnd_backend *b1 = open_cpu(1), *b4 = open_cpu(4);
+    attnd_backend *b1 = attnd_test_open_cpu(1), *b4 = attnd_test_open_cpu(4);
     attnd_rng r;
     pcase c;
     pbufs pb;
@@ -754,7 +747,7 @@ Test(paged, results_do_not_depend_on_thread_count, .timeout = 120)
  * within the f32 bound. */
 Test(paged, long_context_decode, .timeout = 120)
 {
-    attnd_backend *b = open_cpu(0);
+    attnd_backend *b = attnd_test_open_cpu(0);
     pcase c;
     case_defaults(&c);
     c.num_seqs = 2;

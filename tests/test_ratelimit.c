@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ratelimit.h"
+#include "obs/ratelimit.h"
 
 #define SEC 1000000000ull
 

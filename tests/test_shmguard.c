@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "shmguard.h"
+#include "core/shmguard.h"
 
 typedef struct shmobj {
     char name[64];

@@ -16,6 +16,7 @@
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define CONFIG                                                                                     \
     "{\"backend\": \"cpu\", \"threads\": 2,"                                                       \
@@ -149,7 +150,7 @@ static void loader_start(loader *l, const attnd_daemon_proc *d, uint64_t seed, u
     l->d = d;
     l->first_chunk = first;
     l->max_len = first > MAX_LEN ? LONG_MAX : MAX_LEN;
-    cr_assert_not_null(l->c = attnd_daemon_connect(d, 20000));
+    l->c = attnd_test_connect(d);
     const attnd_geometry *g = &attnd_client_server(l->c)->geometry;
     cr_assert_eq(attnd_mirror_init(&l->m, g, NULL, l->max_len), 0);
     cr_assert_eq(
@@ -220,7 +221,7 @@ Test(sigterm, accepted_requests_are_answered_before_exit, .timeout = 120)
     struct timespec nap = {0, 5000000};
     double t_sig;
     int in_flight = 0, rc;
-    cr_assert_eq(attnd_daemon_start(&d, CONFIG), 0, "daemon did not start");
+    attnd_test_daemon_start(&d, CONFIG);
     /* clients 1.. load the daemon with small steps; once they run, client 0 sends a long
      * prefill and the signal comes while the daemon works on it */
     for (int i = 1; i < NCLIENTS; i++)

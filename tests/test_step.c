@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "attnd/dtype.h"
-#include "ops.h"
+#include "serve/dispatch.h"
 
 #define L 2
 #define HQ 4
@@ -20,7 +20,7 @@
 
 typedef struct fixture {
     attnd_backend *be;
-    attnd_ops *o;
+    attnd_serve *sv;
     attnd_log log;
     uint64_t session;
 } fixture;
@@ -38,28 +38,28 @@ static void setup(fixture *f)
     cr_assert_eq(attnd_config_load_string(&cfg, json, err, sizeof err), ATTND_ERR_OK, "%s", err);
     attnd_log_init(&f->log, ATTND_LOG_ERROR, NULL);
     cr_assert_eq(attnd_backend_open(&f->be, "cpu", &bo), ATTND_ERR_OK);
-    cr_assert_eq(attnd_ops_alloc(&f->o, &cfg, f->be, 1, &f->log), ATTND_ERR_OK);
+    cr_assert_eq(attnd_serve_alloc(&f->sv, &cfg, f->be, 1, &f->log), ATTND_ERR_OK);
 }
 
 static void teardown(fixture *f)
 {
-    attnd_ops_free(f->o);
+    attnd_serve_free(f->sv);
     attnd_backend_close(f->be);
 }
 
 /* Handle req from pipe; returns the code, the reply left in r (caller finis it). */
-static attnd_err call(fixture *f, Attnd__Request *req, uint32_t pipe, attnd_ops_reply *r)
+static attnd_err call(fixture *f, Attnd__Request *req, uint32_t pipe, attnd_reply *r)
 {
-    attnd_ops_reply_init(r, req->id);
-    attnd_ops_handle(f->o, req, pipe, 0, r);
+    attnd_reply_init(r, req->id);
+    attnd_dispatch(f->sv, req, pipe, 0, r);
     return (attnd_err)r->reply.code;
 }
 
 static attnd_err call_simple(fixture *f, Attnd__Request *req, uint32_t pipe)
 {
-    attnd_ops_reply r;
+    attnd_reply r;
     attnd_err rv = call(f, req, pipe, &r);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     return rv;
 }
 
@@ -67,13 +67,13 @@ static uint64_t hello(fixture *f, uint32_t pipe)
 {
     Attnd__Request req = ATTND__REQUEST__INIT;
     Attnd__Hello h = ATTND__HELLO__INIT;
-    attnd_ops_reply r;
+    attnd_reply r;
     h.protocol_version = ATTND_PROTOCOL_VERSION;
     req.body_case = ATTND__REQUEST__BODY_HELLO;
     req.hello = &h;
     cr_assert_eq(call(f, &req, pipe, &r), ATTND_ERR_OK, "%s", r.msg);
     uint64_t s = r.hello.session;
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     return s;
 }
 
@@ -93,7 +93,7 @@ static uint64_t begin(fixture *f, uint64_t id, uint32_t n)
     Attnd__Request req = ATTND__REQUEST__INIT;
     Attnd__BeginStep m = ATTND__BEGIN_STEP__INIT;
     Attnd__StepSeq e = ATTND__STEP_SEQ__INIT, *ep = &e;
-    attnd_ops_reply r;
+    attnd_reply r;
     e.seq_id = id;
     e.new_tokens = n;
     m.n_seqs = 1;
@@ -103,7 +103,7 @@ static uint64_t begin(fixture *f, uint64_t id, uint32_t n)
     req.begin_step = &m;
     cr_assert_eq(call(f, &req, 1, &r), ATTND_ERR_OK, "%s", r.msg);
     uint64_t step = r.step.step;
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     return step;
 }
 
@@ -152,14 +152,14 @@ static attnd_err attend(fixture *f, uint64_t step, uint32_t layer, int64_t T)
     req.session = f->session;
     req.body_case = ATTND__REQUEST__BODY_ATTEND;
     req.attend = &m;
-    attnd_ops_reply r;
+    attnd_reply r;
     attnd_err rv = call(f, &req, 1, &r);
     if (rv == ATTND_ERR_OK) {
         cr_assert_eq(r.reply.body_case, ATTND__REPLY__BODY_OUTPUTS);
         cr_assert_eq(r.outputs.n_data, 1);
         cr_assert_eq(r.outputs.data[0].len, sizeof(float) * T * HQ * D);
     }
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     free(bq);
     free(bk);
     free(bv);
@@ -169,16 +169,16 @@ static attnd_err attend(fixture *f, uint64_t step, uint32_t layer, int64_t T)
 /* Element e of row `slot` of layer l's K (or V) cache, as float. */
 static float cache_at(fixture *f, int v, uint32_t l, int64_t slot, int64_t e)
 {
-    const uint16_t *base = (v ? f->o->v_cache : f->o->k_cache)[l];
+    const uint16_t *base = (v ? f->sv->dm->v_cache : f->sv->dm->k_cache)[l];
     return attnd_bf16_to_f32(base[slot * HK * D + e]);
 }
 
 static void poison_cache(fixture *f)
 {
-    size_t bytes = attnd_ops_block_bytes(f->o) * NB;
+    size_t bytes = attnd_model_block_bytes(&f->sv->model) * NB;
     for (int l = 0; l < L; l++) {
-        memset(f->o->k_cache[l], 0x3f, bytes);
-        memset(f->o->v_cache[l], 0x3f, bytes);
+        memset(f->sv->dm->k_cache[l], 0x3f, bytes);
+        memset(f->sv->dm->v_cache[l], 0x3f, bytes);
     }
 }
 
@@ -193,10 +193,10 @@ Test(step, attend_writes_its_rows_and_unwritten_layers_read_zero, .timeout = 60)
     attnd_err rv = attend(&f, st, 0, 5);
     cr_assert(rv == ATTND_ERR_OK || rv == ATTND_ERR_UNSUPPORTED, "attend: %s", attnd_err_name(rv));
     cr_assert_eq(end(&f, st, 0), ATTND_ERR_OK);
-    attnd_seq *q = attnd_cache_find(f.o->cache, f.session, 1);
+    attnd_seq *q = attnd_cache_find(f.sv->cache, f.session, 1);
     cr_assert_eq(q->num_tokens, 5);
     for (int64_t t = 0; t < 5; t++) {
-        int64_t slot = attnd_cache_slot(f.o->cache, q, (uint32_t)t);
+        int64_t slot = attnd_cache_slot(f.sv->cache, q, (uint32_t)t);
         for (int64_t e = 0; e < HK * D; e++) {
             float want = (float)((t * HK * D + e) % 97) / 128.0f;
             cr_assert_eq(cache_at(&f, 0, 0, slot, e),
@@ -217,11 +217,11 @@ Test(step, abort_returns_every_block_and_keeps_the_sequence, .timeout = 60)
     f.session = hello(&f, 1);
     cr_assert_eq(create(&f, 1), ATTND_ERR_OK);
     uint64_t st = begin(&f, 1, 40);
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), NB - 3);
-    cr_assert_eq(attnd_cache_find(f.o->cache, f.session, 1)->step, st);
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), NB - 3);
+    cr_assert_eq(attnd_cache_find(f.sv->cache, f.session, 1)->step, st);
     cr_assert_eq(end(&f, st, 1), ATTND_ERR_OK);
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), NB);
-    attnd_seq *q = attnd_cache_find(f.o->cache, f.session, 1);
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), NB);
+    attnd_seq *q = attnd_cache_find(f.sv->cache, f.session, 1);
     cr_assert_eq(q->num_tokens, 0);
     cr_assert_eq(q->step, 0);
     cr_assert_eq(end(&f, st, 0), ATTND_ERR_NOT_FOUND, "a step ends once");
@@ -234,13 +234,13 @@ Test(step, abort_returns_every_block_and_keeps_the_sequence, .timeout = 60)
     m.n_seqs = 2, m.seqs = e;
     req.session = f.session, req.body_case = ATTND__REQUEST__BODY_BEGIN_STEP, req.begin_step = &m;
     cr_assert_eq(call_simple(&f, &req, 1), ATTND_ERR_OK, "32 blocks each fit in 64");
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), 32);
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), 32);
     a.seq_id = 3;
     cr_assert_eq(create(&f, 3), ATTND_ERR_OK);
     b.seq_id = 1; /* in the open step */
     cr_assert_eq(call_simple(&f, &req, 1), ATTND_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(attnd_cache_find(f.o->cache, f.session, 3)->step, 0, "unmarked after failure");
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), 32);
+    cr_assert_eq(attnd_cache_find(f.sv->cache, f.session, 3)->step, 0, "unmarked after failure");
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), 32);
     teardown(&f);
 }
 
@@ -259,8 +259,8 @@ Test(step, fork_then_cow_copies_the_partial_block, .timeout = 60)
     fk.parent = 1, fk.child = 2;
     req.session = f.session, req.body_case = ATTND__REQUEST__BODY_FORK, req.fork = &fk;
     cr_assert_eq(call_simple(&f, &req, 1), ATTND_ERR_OK);
-    attnd_seq *p = attnd_cache_find(f.o->cache, f.session, 1);
-    attnd_seq *c = attnd_cache_find(f.o->cache, f.session, 2);
+    attnd_seq *p = attnd_cache_find(f.sv->cache, f.session, 1);
+    attnd_seq *c = attnd_cache_find(f.sv->cache, f.session, 2);
     int32_t shared = p->blocks[1];
     float before = cache_at(&f, 0, 1, (int64_t)shared * BS + 3, 5);
     st = begin(&f, 2, 1);
@@ -294,7 +294,7 @@ Test(step, sessions_are_bound_to_their_connection_and_reclaimed, .timeout = 60)
     req.body_case = ATTND__REQUEST__BODY_HELLO;
     req.hello = &h;
     cr_assert_eq(call_simple(&f, &req, 0), ATTND_ERR_UNAVAILABLE);
-    cr_assert_eq(f.o->sessions.count, 0);
+    cr_assert_eq(f.sv->sessions.count, 0);
     h.protocol_version = 2;
     cr_assert_eq(call_simple(&f, &req, 1), ATTND_ERR_UNSUPPORTED);
     f.session = hello(&f, 1);
@@ -313,12 +313,12 @@ Test(step, sessions_are_bound_to_their_connection_and_reclaimed, .timeout = 60)
     uint64_t other = hello(&f, 2);
     req.session = other;
     cr_assert_eq(call_simple(&f, &req, 2), ATTND_ERR_NOT_FOUND);
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), NB - 3);
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), NB - 3);
     /* connection 1 drops (reclaim timeout 0): its open step is aborted, its blocks return */
-    attnd_ops_pipe_closed(f.o, 1);
-    cr_assert_eq(attnd_cache_blocks_free(f.o->cache), NB);
-    cr_assert_eq(attnd_cache_num_seqs(f.o->cache), 0);
-    cr_assert_eq(f.o->sessions.count, 1);
+    attnd_serve_pipe_closed(f.sv, 1);
+    cr_assert_eq(attnd_cache_blocks_free(f.sv->cache), NB);
+    cr_assert_eq(attnd_cache_num_seqs(f.sv->cache), 0);
+    cr_assert_eq(f.sv->sessions.count, 1);
     req.session = f.session;
     cr_assert_eq(call_simple(&f, &req, 1), ATTND_ERR_NOT_FOUND);
     teardown(&f);
@@ -342,52 +342,52 @@ Test(step, bad_tensor_references_name_the_field, .timeout = 60)
     inline_ref(&out, so, NULL, 3, HQ, 0);
     m.step = st, m.q = &q, m.k_new = &k, m.v_new = &v, m.out = &out;
     req.session = f.session, req.body_case = ATTND__REQUEST__BODY_ATTEND, req.attend = &m;
-    attnd_ops_reply r;
+    attnd_reply r;
     /* each case: break one thing, expect the code and the field in the message */
     q.region = 9;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_NOT_FOUND);
     cr_assert_not_null(strstr(r.msg, "q.region"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     q.region = 0;
     sk[1] = 3;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "k_new.shape"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     sk[1] = HK;
     v.dtype = ATTND__DTYPE__I32;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "v_new.dtype"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     v.dtype = 77;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "v_new.dtype: 77"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     v.dtype = ATTND__DTYPE__F32;
     /* strides whose products overflow 64 bits, before anything is allocated */
     strides[0] = INT64_MAX / 2;
     out.n_strides = 3, out.strides = strides;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "out: shape x strides x element size overflows"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     /* an INLINE output larger than limits.max_inline_bytes */
     strides[0] = (int64_t)1 << 30;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "limits.max_inline_bytes"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     out.n_strides = 0;
     q.data.len -= 4;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "q.data"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     q.data.len += 4;
     m.layer = L;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_not_null(strstr(r.msg, "layer"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     m.layer = 0;
     m.step = st + 1;
     cr_assert_eq(call(&f, &req, 1, &r), ATTND_ERR_NOT_FOUND);
     cr_assert_not_null(strstr(r.msg, "step"), "%s", r.msg);
-    attnd_ops_reply_fini(&r);
+    attnd_reply_fini(&r);
     teardown(&f);
 }

@@ -8,6 +8,7 @@
 
 #include "ref_ops.h"
 #include "testutil.h"
+#include "suite.h"
 
 #define MAX_BATCH 8
 
@@ -24,14 +25,6 @@ typedef struct vrun {
     attnd_test_tensor q, k, v, out, cuq, cuk, bias;
     attnd_varlen_params p;
 } vrun;
-
-static attnd_backend *open_cpu(void)
-{
-    attnd_backend *b = NULL;
-    attnd_backend_opts opts = {3, 0};
-    cr_assert_eq(attnd_backend_open(&b, "cpu", &opts), ATTND_ERR_OK);
-    return b;
-}
 
 static void vrun_alloc(vrun *v, const vdesc *dc, attnd_rng *r)
 {
@@ -114,7 +107,7 @@ Test(varlen, head_sizes_gqa_causal, .timeout = 120)
 {
     static const int64_t heads[] = {32, 80, 96, 112, 128, 192, 256};
     static const int64_t groups[] = {1, 4, 8};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 21);
     for (int i = 0; i < 7; i++)
@@ -139,7 +132,7 @@ Test(varlen, causal_bottom_right_and_empty, .timeout = 120)
 {
     static const int32_t pairs[][2] = {{5, 20}, {20, 5},  {1, 100}, {100, 100}, {0, 10},
                                        {10, 0}, {64, 65}, {1, 1},   {0, 0},     {130, 70}};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 22);
     for (int causal = 0; causal < 2; causal++) {
@@ -163,7 +156,7 @@ Test(varlen, causal_bottom_right_and_empty, .timeout = 120)
 /* Many tiles and key blocks per sequence: the online softmax across blocks. */
 Test(varlen, long_sequences, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 23);
     vdesc dc = vdesc_base(8, 2, 128);
@@ -180,7 +173,7 @@ Test(varlen, long_sequences, .timeout = 120)
 Test(varlen, output_dtypes, .timeout = 120)
 {
     static const attnd_dtype outs[] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 24);
     for (int i = 0; i < 2; i++) {
@@ -200,7 +193,7 @@ Test(varlen, output_dtypes, .timeout = 120)
 /* Bias is added to the scaled logits (not multiplied by scale), per sequence. */
 Test(varlen, bias, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 25);
     for (int causal = 0; causal < 2; causal++) {
@@ -225,7 +218,7 @@ Test(varlen, bias, .timeout = 120)
  * no-bias result, and matches the reference. */
 Test(varlen, bias_changes_result, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 26);
     vdesc dc = vdesc_base(2, 2, 64);
@@ -259,7 +252,7 @@ static vdesc fp8_desc(float p_scale)
  * reference's, so fp8 P must match tightly; forgetting p_scale or a scale costs > 1e-2. */
 Test(varlen, fp8_inputs_one_block_exact_p, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 27);
     static const float p_scales[] = {1.0f / 448.0f, 1.0f, 1.0f / 300.0f};
@@ -277,7 +270,7 @@ Test(varlen, fp8_inputs_one_block_exact_p, .timeout = 120)
 /* One key, p = 1: the output is v * fp8(1 / p_scale) * p_scale exactly (300 rounds to 288). */
 Test(varlen, fp8_p_quantisation_single_key, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 28);
     vdesc dc = fp8_desc(1.0f / 300.0f);
@@ -299,7 +292,7 @@ Test(varlen, fp8_p_quantisation_single_key, .timeout = 120)
  * fp8 tolerance. fp8 output stores o / out_scale. */
 Test(varlen, fp8_inputs_and_output, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 29);
     for (int fp8_out = 0; fp8_out < 2; fp8_out++) {
@@ -317,7 +310,7 @@ Test(varlen, fp8_inputs_and_output, .timeout = 120)
 
 Test(varlen, strided_rows, .timeout = 120)
 {
-    attnd_backend *b = open_cpu();
+    attnd_backend *b = attnd_test_open_cpu(3);
     attnd_rng r;
     attnd_rng_seed(&r, 30);
     vdesc dc = vdesc_base(8, 1, 80);

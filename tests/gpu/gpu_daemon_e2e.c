@@ -11,7 +11,7 @@
  * For every layer of every step the daemon's output (written into the worker's memory) is
  * compared with
  *   - the CUDA ops called directly here on the same device tensors, replaying the daemon's plan
- *     (tests/support/step_mirror.c): bit-identical, out and LSE;
+ *     (attnd_plan_run_layer, kernels/plan/): bit-identical, out and LSE;
  *   - the cpu backend on the same inputs: relative L2 within attnd_tol_for(bf16) (LSE 1e-3).
  * Steps 0..49 travel over the shared-memory channel the client opens on ipc://, steps 50..100
  * over the socket. Outputs are poisoned (NaN) before each request. Then: the same Attend through
@@ -29,9 +29,10 @@
 
 #include "attnd/client.h"
 #include "attnd/kernels.h"
+#include "attnd/plan.h"
+#include "check.h"
 #include "daemon_proc.h"
 #include "e2e_concurrent.h"
-#include "step_mirror.h"
 #include "testutil.h"
 
 #define NL 32
@@ -93,24 +94,9 @@ static void check(worker *w, int ok, const char *what)
     fflush(stdout);
 }
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "gpu_daemon_e2e: %s: %s\n", #call, cudaGetErrorString(e_));            \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define CU(call) ATTND_CHECK_CUDA(call)
 
-#define AK(call, be)                                                                               \
-    do {                                                                                           \
-        attnd_err rv_ = (call);                                                                    \
-        if (rv_ != ATTND_ERR_OK) {                                                                 \
-            fprintf(stderr, "gpu_daemon_e2e: %s: %s (%s)\n", #call, attnd_strerror(rv_),           \
-                    (be) ? attnd_backend_last_error(be) : "");                                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define AK(call, be) ATTND_CHECK(call, be)
 
 static void *xmalloc(size_t n)
 {
@@ -149,7 +135,7 @@ static void worker_buffers(worker *w)
         w->ck[l] = xmalloc(cache_bytes());
         w->cv[l] = xmalloc(cache_bytes());
     }
-    w->ws3d_bytes = attnd_paged_3d_workspace_size(attnd_sched_split_rows(w->units), HQ, HD, 1);
+    w->ws3d_bytes = attnd_paged_3d_workspace_size(attnd_plan_split_rows(w->units), HQ, HD, 1);
     CU(cudaMalloc(&w->ws3d, w->ws3d_bytes));
     w->hws3d = xmalloc(w->ws3d_bytes);
     CU(cudaMalloc(&w->dindex, (size_t)1 << 20));
@@ -205,17 +191,17 @@ static void fill_bf16(worker *w, uint16_t *dst, size_t n)
 
 static int32_t plan_step(worker *w, const step_in *in, attnd_plan *plan, void **ws)
 {
-    attnd_sched_seq seqs[MAX_SEQS];
-    attnd_sched_opts o = attnd_step_mirror_opts(BS, HQ, HK, HD, w->units);
+    attnd_plan_seq seqs[MAX_SEQS];
+    attnd_plan_opts o = attnd_plan_opts_for(BS, HQ, HK, HD, w->units);
     for (int i = 0; i < in->n; i++) {
         int s = in->seq[i];
         uint32_t total = (uint32_t)w->len[s] + in->new_tokens[i];
-        seqs[i] = (attnd_sched_seq){(uint32_t)w->len[s], in->new_tokens[i], w->blocks[s],
-                                    (total + BS - 1) / BS};
+        seqs[i] = (attnd_plan_seq){(uint32_t)w->len[s], in->new_tokens[i], w->blocks[s],
+                                   (total + BS - 1) / BS};
     }
-    size_t bytes = attnd_sched_workspace_size(seqs, in->n, &o);
+    size_t bytes = attnd_plan_workspace_size(seqs, in->n, &o);
     *ws = xmalloc(bytes);
-    if (attnd_sched_plan(plan, seqs, in->n, &o, *ws, bytes) != ATTND_ERR_OK) return -1;
+    if (attnd_plan_build(plan, seqs, in->n, &o, *ws, bytes) != ATTND_ERR_OK) return -1;
     CU(cudaMemcpy(w->dindex, plan->slot_mapping, plan->index_bytes, cudaMemcpyHostToDevice));
     return plan->num_tokens;
 }
@@ -288,30 +274,35 @@ typedef struct layer_result {
     double err_out, err_lse;
 } layer_result;
 
+/* One bf16 layer of T rows over q/k/v/out/lse buffers and a layer's caches, unit fp8 scales. */
+static attnd_plan_layer bf16_layer(void *q, void *k, void *v, void *out, void *lse, void *kc,
+                                   void *vc, int64_t T, float scale)
+{
+    attnd_plan_layer l = {.q = tensor3(q, ATTND_DTYPE_BF16, T, HQ, HD),
+                          .k_new = tensor3(k, ATTND_DTYPE_BF16, T, HK, HD),
+                          .v_new = tensor3(v, ATTND_DTYPE_BF16, T, HK, HD),
+                          .out = tensor3(out, ATTND_DTYPE_BF16, T, HQ, HD),
+                          .lse = tensor2(lse, ATTND_DTYPE_F32, HQ, T),
+                          .k_cache = cache_tensor(kc),
+                          .v_cache = cache_tensor(vc),
+                          .scale = scale,
+                          .k_scale = 1.0f,
+                          .v_scale = 1.0f};
+    return l;
+}
+
 /* The same layer with the CUDA ops called directly, and with the cpu backend. */
 static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T, float scale)
 {
-    attnd_step_layer g = {tensor3(w->dbuf + w->off_q, ATTND_DTYPE_BF16, T, HQ, HD),
-                          tensor3(w->dbuf + w->off_k, ATTND_DTYPE_BF16, T, HK, HD),
-                          tensor3(w->dbuf + w->off_v, ATTND_DTYPE_BF16, T, HK, HD),
-                          tensor3(w->dout, ATTND_DTYPE_BF16, T, HQ, HD),
-                          tensor2(w->dlse, ATTND_DTYPE_F32, HQ, T),
-                          cache_tensor(w->dk[layer]),
-                          cache_tensor(w->dv[layer]),
-                          scale};
+    attnd_plan_layer g = bf16_layer(w->dbuf + w->off_q, w->dbuf + w->off_k, w->dbuf + w->off_v,
+                                    w->dout, w->dlse, w->dk[layer], w->dv[layer], T, scale);
     CU(cudaMemset(w->dout, 0xff, (size_t)T * HQ * HD * 2));
     CU(cudaMemset(w->dlse, 0xff, (size_t)T * HQ * 4));
-    AK(attnd_step_mirror_layer(w->gpu, plan, w->dindex, &g, w->ws3d, 3), w->gpu);
+    AK(attnd_plan_run_layer(w->gpu, plan, w->dindex, &g, w->ws3d), w->gpu);
     AK(attnd_backend_sync(w->gpu), w->gpu);
-    attnd_step_layer c = {tensor3(w->hq, ATTND_DTYPE_BF16, T, HQ, HD),
-                          tensor3(w->hk, ATTND_DTYPE_BF16, T, HK, HD),
-                          tensor3(w->hv, ATTND_DTYPE_BF16, T, HK, HD),
-                          tensor3(w->hout_cpu, ATTND_DTYPE_BF16, T, HQ, HD),
-                          tensor2(w->hlse_cpu, ATTND_DTYPE_F32, HQ, T),
-                          cache_tensor(w->ck[layer]),
-                          cache_tensor(w->cv[layer]),
-                          scale};
-    AK(attnd_step_mirror_layer(w->cpu, plan, plan->slot_mapping, &c, w->hws3d, 3), w->cpu);
+    attnd_plan_layer c = bf16_layer(w->hq, w->hk, w->hv, w->hout_cpu, w->hlse_cpu, w->ck[layer],
+                                    w->cv[layer], T, scale);
+    AK(attnd_plan_run_layer(w->cpu, plan, plan->slot_mapping, &c, w->hws3d), w->cpu);
 }
 
 static layer_result run_layer(worker *w, const attnd_plan *plan, uint64_t step, int layer,

@@ -1,0 +1,135 @@
+/* Configuration: one table of keys (name, type, field, default, bounds, validator, live or
+ * restart), loaded from a JSON file with jansson.
+ *
+ * Keys are dotted paths into nested objects ("geometry.num_layers"). Unknown keys, wrong types
+ * and out-of-range values are errors whose message starts with the key. A reload loads and
+ * validates the whole new file first and only then copies the live keys over the running
+ * configuration; restart-only keys that changed are reported, not applied. */
+#ifndef ATTND_CORE_CONFIG_H
+#define ATTND_CORE_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnd/err.h"
+
+#define ATTND_CFG_URL_MAX 256
+#define ATTND_CFG_NAME_MAX 64
+#define ATTND_CFG_TOKEN_MAX 128
+
+typedef enum attnd_cfg_backend {
+    ATTND_CFG_BACKEND_CPU = 0,
+    ATTND_CFG_BACKEND_CUDA = 1,
+    ATTND_CFG_BACKEND_AUTO = 2, /* cuda when compiled in and a device opens, else cpu */
+} attnd_cfg_backend;
+
+typedef struct attnd_cfg_server {
+    char listen[ATTND_CFG_URL_MAX];            /* ipc:// or tcp:// */
+    char listen_tcp[ATTND_CFG_URL_MAX];        /* optional second listener, "" = off */
+    char ipc_mode[8];                          /* octal permissions of the ipc socket file */
+    char ipc_group[ATTND_CFG_NAME_MAX];        /* group owning the ipc socket file, "" = ours */
+    char token[ATTND_CFG_TOKEN_MAX];           /* shared secret asked in Hello, "" = none */
+    char tls_cert_key_file[ATTND_CFG_URL_MAX]; /* PEM cert chain + key for tls+tcp:// */
+    uint32_t workers;                          /* concurrent nng_ctx receive loops */
+    uint32_t queue_depth;                      /* executor queue slots; full -> UNAVAILABLE */
+    uint64_t max_message_bytes;                /* NNG_OPT_RECVMAXSZ */
+    uint32_t drain_timeout_ms;                 /* SIGTERM: wait this long for in-flight work */
+    uint32_t channels;                         /* shared-memory channels open at most, 0 = off */
+    uint32_t spin_us; /* the executor polls this long after its last work before it sleeps */
+} attnd_cfg_server;
+
+typedef struct attnd_cfg_geometry {
+    uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size;
+    int cache_dtype; /* attnd_dtype: f16, bf16, fp8_e4m3 */
+    uint32_t num_blocks, max_blocks_per_seq;
+    float scale;               /* 0 = 1/sqrt(head_size) */
+    uint32_t sliding_window;   /* 0 = off */
+    float softcap;             /* 0 = off */
+    int alibi;                 /* standard ALiBi slopes for num_q_heads */
+    float k_scale, v_scale;    /* fp8 cache scales */
+    float gpu_memory_fraction; /* cuda: > 0 sizes num_blocks from free device memory */
+} attnd_cfg_geometry;
+
+typedef struct attnd_cfg_linear {
+    uint32_t slots, heads, head_dim; /* 0 slots = no linear-attention state */
+} attnd_cfg_linear;
+
+typedef struct attnd_cfg_limits {
+    uint32_t max_sessions, max_seqs, max_step_tokens, max_regions, max_steps;
+    uint64_t max_inline_bytes;
+    uint32_t request_timeout_ms; /* 0 = none */
+    uint32_t reclaim_timeout_ms; /* sessions of a dropped connection live this long */
+} attnd_cfg_limits;
+
+typedef struct attnd_config {
+    int backend;      /* attnd_cfg_backend */
+    uint32_t threads; /* cpu backend worker threads, 0 = online cores */
+    uint32_t device;  /* cuda device ordinal */
+    attnd_cfg_server server;
+    attnd_cfg_geometry geometry;
+    attnd_cfg_linear linear;
+    attnd_cfg_limits limits;
+    struct {
+        char listen[ATTND_CFG_URL_MAX]; /* operator HTTP endpoint http://HOST:PORT, "" = off */
+    } http;
+    struct {
+        int level;                 /* attnd_log_level */
+        uint32_t stats_interval_s; /* 0 = no periodic stats line */
+    } log;
+} attnd_config;
+
+typedef enum attnd_cfg_type {
+    ATTND_CFG_U32,
+    ATTND_CFG_U64,
+    ATTND_CFG_F32,
+    ATTND_CFG_BOOL,
+    ATTND_CFG_STR,
+    ATTND_CFG_ENUM,
+} attnd_cfg_type;
+
+typedef struct attnd_cfg_choice {
+    const char *name;
+    int value;
+} attnd_cfg_choice;
+
+typedef struct attnd_cfg_key attnd_cfg_key;
+/* Extra check of one key's parsed value: fills err (starting with the key) and returns
+ * ATTND_ERR_INVALID_ARGUMENT, or ATTND_ERR_OK. */
+typedef attnd_err (*attnd_cfg_check)(const attnd_config *c, const attnd_cfg_key *k, char *err,
+                                     size_t n);
+
+struct attnd_cfg_key {
+    const char *name;
+    attnd_cfg_type type;
+    size_t offset;                   /* into attnd_config */
+    size_t size;                     /* STR: buffer size (max length + 1) */
+    double min, max;                 /* numbers: inclusive bounds */
+    double def_num;                  /* default of numbers, bools and enums (the value) */
+    const char *def_str;             /* default of strings */
+    const attnd_cfg_choice *choices; /* ENUM: NULL-terminated list */
+    attnd_cfg_check check;
+    int live; /* applied by a reload; otherwise needs a restart */
+    const char *doc;
+};
+
+/* The table, in file order. */
+const attnd_cfg_key *attnd_config_keys(size_t *count);
+/* The key with this dotted name, or NULL. */
+const attnd_cfg_key *attnd_config_key_find(const char *name);
+/* Name of a JSON type for messages ("integer", "number", "boolean", "string"). */
+const char *attnd_config_type_name(attnd_cfg_type type);
+
+void attnd_config_defaults(attnd_config *c);
+/* Defaults, then the file's keys, then every check. c is written only on success.
+ * NOT_FOUND when the file cannot be read, INVALID_ARGUMENT otherwise. */
+attnd_err attnd_config_load_file(attnd_config *c, const char *path, char *err, size_t n);
+attnd_err attnd_config_load_string(attnd_config *c, const char *json, char *err, size_t n);
+/* Every per-key and cross-key check on a filled configuration. */
+attnd_err attnd_config_validate(const attnd_config *c, char *err, size_t n);
+/* Copy the live keys of next (already validated) into cur; write the names of restart-only
+ * keys whose values differ into restart (comma separated). Returns how many differ. */
+int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart, size_t n);
+/* Effective softmax scale (the configured one, or 1/sqrt(head_size)). */
+float attnd_config_scale(const attnd_config *c);
+
+#endif

@@ -1,0 +1,149 @@
+/* Session requests: Hello (opens a session), Status, RegisterRegion, UnregisterRegion. */
+#include <string.h>
+
+#include "attnd/clock.h"
+#include "handler.h"
+#include "reply.h"
+#include "serve.h"
+
+#ifndef ATTND_VERSION_STRING
+#define ATTND_VERSION_STRING "0.0.0"
+#endif
+
+static void fill_geometry(const attnd_serve *sv, Attnd__Geometry *g)
+{
+    const attnd_model *m = &sv->model;
+    attnd__geometry__init(g);
+    g->num_layers = m->geo.num_layers;
+    g->num_q_heads = m->geo.num_q_heads;
+    g->num_kv_heads = m->geo.num_kv_heads;
+    g->head_size = m->geo.head_size;
+    g->block_size = m->geo.block_size;
+    g->cache_dtype = (Attnd__DType)m->geo.cache_dtype;
+    g->num_blocks = m->geo.num_blocks;
+    g->max_blocks_per_seq = m->geo.max_blocks_per_seq;
+    g->scale = m->scale;
+    g->linear_slots = m->lin.slots;
+    g->linear_heads = m->lin.heads;
+    g->linear_head_dim = m->lin.head_dim;
+}
+
+/* Compare without an early exit so the time taken says nothing about the token. */
+static int token_equal(const char *want, const char *got)
+{
+    size_t lw = strlen(want), lg = strlen(got);
+    unsigned diff = (unsigned)(lw != lg);
+    for (size_t i = 0; i < lw; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? got[i] : 0);
+    return diff == 0;
+}
+
+static void reply_hello(attnd_serve *sv, const attnd_session *s, attnd_reply *r)
+{
+    Attnd__HelloReply *h = &r->hello;
+    attnd__hello_reply__init(h);
+    fill_geometry(sv, &r->geometry);
+    attnd__limits__init(&r->limits);
+    r->limits.max_seqs = sv->limits.max_seqs;
+    r->limits.max_step_tokens = sv->limits.max_step_tokens;
+    r->limits.max_regions = sv->limits.max_regions;
+    r->limits.max_inline_bytes = sv->limits.max_inline_bytes;
+    r->limits.request_timeout_ms = sv->limits.request_timeout_ms;
+    h->protocol_version = ATTND_PROTOCOL_VERSION;
+    h->session = s->id;
+    h->version = (char *)ATTND_VERSION_STRING;
+    h->backend = (char *)attnd_backend_name(sv->be);
+    h->geometry = &r->geometry;
+    h->limits = &r->limits;
+    h->blocks_free = attnd_cache_blocks_free(sv->cache);
+    r->reply.body_case = ATTND__REPLY__BODY_HELLO;
+    r->reply.hello = h;
+}
+
+static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
+{
+    const Attnd__Hello *m = c->req->hello;
+    attnd_session *s;
+    attnd_err rv;
+    if (c->pipe == 0)
+        return attnd_reply_fail(r, ATTND_ERR_UNAVAILABLE, "connection: closed before Hello ran");
+    if (m->protocol_version != ATTND_PROTOCOL_VERSION)
+        return attnd_reply_fail(r, ATTND_ERR_UNSUPPORTED,
+                                "protocol_version: %u not supported (this daemon speaks %d)",
+                                m->protocol_version, ATTND_PROTOCOL_VERSION);
+    if (sv->token[0] && !token_equal(sv->token, m->token ? m->token : ""))
+        return attnd_reply_fail(r, ATTND_ERR_PERMISSION_DENIED, "token: %s",
+                                m->token && m->token[0] ? "invalid" : "required");
+    if ((rv = attnd_session_open(&sv->sessions, c->pipe, m->client_name, sv->limits.max_sessions,
+                                 &s)))
+        return attnd_reply_fail(r, rv, "session: limits.max_sessions (%u) are open",
+                                sv->limits.max_sessions);
+    ATTND_LOG(sv->log, ATTND_LOG_INFO, "event=hello session=%llu pipe=%u client=\"%s\"",
+              (unsigned long long)s->id, c->pipe, s->name);
+    reply_hello(sv, s, r);
+    return ATTND_ERR_OK;
+}
+
+static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
+{
+    Attnd__StatusReply *st = &r->status;
+    (void)c;
+    attnd__status_reply__init(st);
+    fill_geometry(sv, &r->geometry);
+    st->version = (char *)ATTND_VERSION_STRING;
+    st->backend = (char *)attnd_backend_name(sv->be);
+    st->geometry = &r->geometry;
+    st->blocks_free = attnd_cache_blocks_free(sv->cache);
+    st->num_sequences = attnd_cache_num_seqs(sv->cache);
+    st->num_sessions = sv->sessions.count;
+    attnd_serve_counts(sv, &st->requests, &st->errors);
+    st->uptime_s = (double)(attnd_clock_ms() - sv->start_ms) / 1000.0;
+    r->reply.body_case = ATTND__REPLY__BODY_STATUS;
+    r->reply.status = st;
+    return ATTND_ERR_OK;
+}
+
+static attnd_err req_register(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
+{
+    const Attnd__RegisterRegion *m = c->req->register_region;
+    attnd_session *s = c->s;
+    attnd_err rv;
+    if (m->kind == ATTND__REGION_KIND__CUDA_IPC && !attnd_backend_is_device(sv->be))
+        return attnd_reply_fail(r, ATTND_ERR_UNSUPPORTED,
+                                "kind: CUDA_IPC needs the cuda backend (this daemon runs %s)",
+                                attnd_backend_name(sv->be));
+    if (m->kind == ATTND__REGION_KIND__CUDA_IPC) {
+        rv = attnd_session_region_add_ipc(s, m->region, sv->be, m->ipc_handle.data,
+                                          m->ipc_handle.len, m->size, sv->limits.max_regions,
+                                          r->msg, sizeof r->msg);
+        if (rv == ATTND_ERR_OK)
+            ATTND_LOG(sv->log, ATTND_LOG_DEBUG,
+                      "event=region session=%llu region=%u kind=cuda_ipc bytes=%llu",
+                      (unsigned long long)s->id, m->region, (unsigned long long)m->size);
+    } else if (m->kind == ATTND__REGION_KIND__HOST_SHM) {
+        rv = attnd_session_region_add(s, m->region, sv->guard, m->shm_name ? m->shm_name : "",
+                                      m->size, sv->limits.max_regions, r->msg, sizeof r->msg);
+    } else {
+        return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT, "kind: %d unknown", (int)m->kind);
+    }
+    return attnd_reply_code(r, rv);
+}
+
+static attnd_err req_unregister(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
+{
+    attnd_inflight_drain(&sv->inflight); /* kernels still reading a CUDA_IPC region finish
+                                            before it closes */
+    return attnd_reply_code(r, attnd_session_region_remove(c->s, c->req->unregister_region->region,
+                                                           r->msg, sizeof r->msg));
+}
+
+static const attnd_req_entry session_entries[] = {
+    {ATTND__REQUEST__BODY_HELLO, "hello", req_hello, 0},
+    {ATTND__REQUEST__BODY_STATUS, "status", req_status, 0},
+    {ATTND__REQUEST__BODY_REGISTER_REGION, "register_region", req_register, ATTND_REQ_SESSION},
+    {ATTND__REQUEST__BODY_UNREGISTER_REGION, "unregister_region", req_unregister,
+     ATTND_REQ_SESSION},
+};
+
+const attnd_req_table attnd_req_session = {session_entries,
+                                           sizeof session_entries / sizeof session_entries[0]};

@@ -1,0 +1,387 @@
+#include "socket.h"
+
+#include <grp.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attnd/clock.h"
+#include "attnd_nng_err.h"
+
+enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
+
+typedef struct sock_slot {
+    attnd_wire_call call; /* first: the wire's view of the request in this slot */
+    attnd_socket *sock;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int state; /* handed between the NNG callback and the executor through the queue */
+    Attnd__Request *req;
+    nng_msg *out; /* the reply being packed */
+    uint32_t pipe;
+    uint64_t t_recv_ms;
+} sock_slot;
+
+struct attnd_socket {
+    attnd_log *log;
+    attnd_wire *wire;
+    attnd_exec *ex;
+    nng_socket nsock;
+    nng_listener listeners[2];
+    int nlisteners;
+    sock_slot *slots;
+    uint32_t nslots, queue_depth;
+    atomic_int draining, stopping;
+    pthread_mutex_t pipes_mu; /* live connections, sorted: NNG callbacks add and remove, the */
+    uint32_t *pipes;          /* executor asks (a Hello from a closed one opens no session) */
+    uint32_t npipes, pipes_cap;
+};
+
+/* ---------------------------------------------------------------- live connections */
+
+/* Index of id in the sorted set, or where it would go. Caller holds pipes_mu. */
+static uint32_t pipes_find(const attnd_socket *sock, uint32_t id)
+{
+    uint32_t lo = 0, hi = sock->npipes;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (sock->pipes[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The connections gauge follows the set (caller holds pipes_mu, so updates land in order). */
+static void pipes_gauge(attnd_socket *sock)
+{
+    if (sock->wire->obs)
+        attnd_metrics_gauge_set(attnd_observe_metrics(sock->wire->obs),
+                                ATTND_METRICS_GAUGE_CONNECTIONS, sock->npipes);
+}
+
+static void pipes_add(attnd_socket *sock, uint32_t id)
+{
+    pthread_mutex_lock(&sock->pipes_mu);
+    if (sock->npipes == sock->pipes_cap) {
+        uint32_t cap = sock->pipes_cap ? sock->pipes_cap * 2 : 64;
+        uint32_t *np = realloc(sock->pipes, (size_t)cap * sizeof *np);
+        if (np == NULL) goto done; /* its Hello will be refused as from a closed connection */
+        sock->pipes = np;
+        sock->pipes_cap = cap;
+    }
+    uint32_t i = pipes_find(sock, id);
+    memmove(sock->pipes + i + 1, sock->pipes + i, (size_t)(sock->npipes - i) * sizeof(uint32_t));
+    sock->pipes[i] = id;
+    sock->npipes++;
+done:
+    pipes_gauge(sock);
+    pthread_mutex_unlock(&sock->pipes_mu);
+}
+
+static void pipes_remove(attnd_socket *sock, uint32_t id)
+{
+    pthread_mutex_lock(&sock->pipes_mu);
+    uint32_t i = pipes_find(sock, id);
+    if (i < sock->npipes && sock->pipes[i] == id) {
+        sock->npipes--;
+        memmove(sock->pipes + i, sock->pipes + i + 1,
+                (size_t)(sock->npipes - i) * sizeof(uint32_t));
+    }
+    pipes_gauge(sock);
+    pthread_mutex_unlock(&sock->pipes_mu);
+}
+
+static int pipes_has(attnd_socket *sock, uint32_t id)
+{
+    pthread_mutex_lock(&sock->pipes_mu);
+    uint32_t i = pipes_find(sock, id);
+    int has = i < sock->npipes && sock->pipes[i] == id;
+    pthread_mutex_unlock(&sock->pipes_mu);
+    return has;
+}
+
+/* ---------------------------------------------------------------- the transport's replies */
+
+static void slot_recv(sock_slot *sl)
+{
+    sl->state = SLOT_RECV;
+    nng_ctx_recv(sl->ctx, sl->aio);
+}
+
+static size_t slot_reply_cap(attnd_wire_call *c)
+{
+    (void)c;
+    return SIZE_MAX;
+}
+
+/* The reply is packed straight into a message's body. */
+static void *slot_reply_buf(attnd_wire_call *c, size_t n)
+{
+    sock_slot *sl = (sock_slot *)c;
+    if (nng_msg_alloc(&sl->out, n) != 0) return NULL;
+    return nng_msg_body(sl->out);
+}
+
+static void slot_reply_send(attnd_wire_call *c, void *buf, size_t n)
+{
+    sock_slot *sl = (sock_slot *)c;
+    (void)buf;
+    (void)n;
+    sl->state = SLOT_SEND;
+    nng_aio_set_msg(sl->aio, sl->out);
+    sl->out = NULL;
+    nng_ctx_send(sl->ctx, sl->aio);
+}
+
+/* A new recv drops the request: its client times out. */
+static void slot_reply_drop(attnd_wire_call *c)
+{
+    sock_slot *sl = (sock_slot *)c;
+    attnd_wire_done(sl->sock->wire);
+    slot_recv(sl);
+}
+
+static const attnd_transport_ops socket_ops = {slot_reply_cap, slot_reply_buf, slot_reply_send,
+                                               slot_reply_drop};
+
+/* ---------------------------------------------------------------- requests */
+
+static void socket_exec_cb(void *arg, uint64_t value)
+{
+    sock_slot *sl = arg;
+    Attnd__Request *req = sl->req;
+    (void)value;
+    sl->req = NULL;
+    /* control events run before queued requests: a connection may be gone already */
+    uint32_t pipe = pipes_has(sl->sock, sl->pipe) ? sl->pipe : 0;
+    attnd_wire_deliver(&sl->call, req, pipe, attnd_clock_ms() - sl->t_recv_ms);
+}
+
+static void slot_on_request(sock_slot *sl)
+{
+    attnd_socket *sock = sl->sock;
+    nng_msg *msg = nng_aio_get_msg(sl->aio);
+    char text[160];
+    uint64_t id;
+    attnd_err code;
+    size_t len = nng_msg_len(msg);
+    sl->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
+    sl->t_recv_ms = attnd_clock_ms();
+    attnd_wire_received(sock->wire, &sl->call, &socket_ops, len);
+    Attnd__Request *req = attnd_wire_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
+    nng_msg_free(msg);
+    sl->call.req_type = attnd_metrics_req_from_field(req ? (uint32_t)req->body_case : 0);
+    if (req == NULL) {
+        attnd_wire_fail(&sl->call, id, code, text);
+        return;
+    }
+    if (atomic_load(&sock->draining)) {
+        attnd__request__free_unpacked(req, NULL);
+        attnd_wire_fail(&sl->call, id, ATTND_ERR_UNAVAILABLE, "daemon: shutting down");
+        return;
+    }
+    sl->req = req;
+    sl->state = SLOT_WAIT; /* before submit: the executor may run it at once */
+    if (attnd_exec_submit(sock->ex, socket_exec_cb, sl) != ATTND_ERR_OK) {
+        sl->req = NULL;
+        attnd__request__free_unpacked(req, NULL);
+        snprintf(text, sizeof text, "queue: full (server.queue_depth = %u), retry",
+                 sock->queue_depth);
+        attnd_wire_fail(&sl->call, id, ATTND_ERR_UNAVAILABLE, text);
+    }
+}
+
+static void socket_slot_cb(void *arg)
+{
+    sock_slot *sl = arg;
+    attnd_socket *sock = sl->sock;
+    int rv = nng_aio_result(sl->aio);
+    if (sl->state == SLOT_SEND) {
+        if (rv != 0) nng_msg_free(nng_aio_get_msg(sl->aio));
+        attnd_wire_done(sock->wire);
+        if (!atomic_load(&sock->stopping)) slot_recv(sl);
+        return;
+    }
+    if (rv != 0) {
+        /* closed or cancelled: we are stopping; anything else: keep serving */
+        if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && !atomic_load(&sock->stopping))
+            slot_recv(sl);
+        return;
+    }
+    if (atomic_load(&sock->stopping)) {
+        nng_msg_free(nng_aio_get_msg(sl->aio));
+        return;
+    }
+    slot_on_request(sl);
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static void socket_pipe_gone_exec(void *arg, uint64_t pipe)
+{
+    attnd_wire *w = arg;
+    w->handler.pipe_closed(w->handler.arg, (uint32_t)pipe);
+}
+
+static void socket_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    attnd_socket *sock = arg;
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        /* draining: refuse new connections here, not by closing the listeners, which would
+         * also close the connections whose replies are still on their way */
+        if (atomic_load(&sock->draining))
+            nng_pipe_close(p);
+        else
+            pipes_add(sock, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
+        return;
+    }
+    if (ev != NNG_PIPE_EV_REM_POST) return;
+    /* out of the set before the event is posted: whatever the executor runs after this sees
+     * the connection gone, and the event itself comes after any request it let through */
+    pipes_remove(sock, (uint32_t)nng_pipe_id(p));
+    if (attnd_exec_post(sock->ex, socket_pipe_gone_exec, sock->wire, (uint64_t)nng_pipe_id(p)) !=
+        ATTND_ERR_OK)
+        ATTND_LOG(sock->log, ATTND_LOG_WARN, "event=pipe_gone_lost pipe=%d", nng_pipe_id(p));
+}
+
+static attnd_err ipc_apply_group(const char *url, const attnd_cfg_server *c, char *err, size_t n)
+{
+    struct group gr, *res = NULL;
+    char buf[4096];
+    if (c->ipc_group[0] == '\0') return ATTND_ERR_OK;
+    if (getgrnam_r(c->ipc_group, &gr, buf, sizeof buf, &res) != 0 || res == NULL)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "server.ipc_group: \"%s\" is not a group", c->ipc_group);
+    if (chown(url + 6, (uid_t)-1, gr.gr_gid) != 0)
+        return attnd_errf(err, n, ATTND_ERR_PERMISSION_DENIED,
+                          "server.ipc_group: cannot chown %s to %s", url + 6, c->ipc_group);
+    return ATTND_ERR_OK;
+}
+
+/* TLS for a tls+tcp:// listener: NNG's engine (mbedTLS in Debian's build) with the configured
+ * certificate chain and key. On a bad file err names the key. */
+static int socket_tls(nng_listener l, const attnd_cfg_server *c, char *err, size_t n)
+{
+    nng_tls_config *tls = NULL;
+    int rv = nng_tls_config_alloc(&tls, NNG_TLS_MODE_SERVER);
+    if (rv == 0) rv = nng_tls_config_cert_key_file(tls, c->tls_cert_key_file, NULL);
+    if (rv != 0 && tls != NULL)
+        snprintf(err, n, "server.tls_cert_key_file: %s: %s", c->tls_cert_key_file,
+                 nng_strerror(rv));
+    if (rv == 0) rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
+    if (tls != NULL) nng_tls_config_free(tls); /* the listener holds its own reference */
+    return rv != 0 && err[0] ? NNG_EINVAL : rv;
+}
+
+static attnd_err socket_listen(attnd_socket *sock, const char *key, const char *url,
+                               const attnd_cfg_server *c, char *err, size_t n)
+{
+    nng_listener *l = &sock->listeners[sock->nlisteners];
+    int ipc = strncmp(url, "ipc://", 6) == 0;
+    int rv = nng_listener_create(l, sock->nsock, url);
+    if (rv == 0 && ipc)
+        rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)strtol(c->ipc_mode, NULL, 8));
+    if (rv == 0 && strncmp(url, "tls+tcp://", 10) == 0) rv = socket_tls(*l, c, err, n);
+    if (rv == NNG_EINVAL && err[0]) return ATTND_ERR_INVALID_ARGUMENT;
+    if (rv == 0) rv = nng_listener_start(*l, 0);
+    if (rv != 0)
+        return attnd_errf(err, n, attnd_err_from_nng(rv), "%s: cannot listen on %s: %s", key, url,
+                          nng_strerror(rv));
+    sock->nlisteners++;
+    ATTND_LOG(sock->log, ATTND_LOG_INFO, "event=listen url=%s", url);
+    return ipc ? ipc_apply_group(url, c, err, n) : ATTND_ERR_OK;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static attnd_err socket_open(attnd_socket *sock, const attnd_config *cfg, char *err, size_t n)
+{
+    const attnd_cfg_server *c = &cfg->server;
+    attnd_err rv;
+    int nrv = nng_rep0_open(&sock->nsock);
+    if (nrv == 0)
+        nrv = nng_socket_set_size(sock->nsock, NNG_OPT_RECVMAXSZ, (size_t)c->max_message_bytes);
+    if (nrv == 0) nrv = nng_pipe_notify(sock->nsock, NNG_PIPE_EV_ADD_PRE, socket_pipe_cb, sock);
+    if (nrv == 0) nrv = nng_pipe_notify(sock->nsock, NNG_PIPE_EV_REM_POST, socket_pipe_cb, sock);
+    if (nrv != 0)
+        return attnd_errf(err, n, attnd_err_from_nng(nrv), "server: socket: %s", nng_strerror(nrv));
+    for (uint32_t i = 0; i < sock->nslots; i++) {
+        sock_slot *sl = &sock->slots[i];
+        sl->sock = sock;
+        if ((nrv = nng_aio_alloc(&sl->aio, socket_slot_cb, sl)) != 0 ||
+            (nrv = nng_ctx_open(&sl->ctx, sock->nsock)) != 0)
+            return attnd_errf(err, n, attnd_err_from_nng(nrv), "server.workers: context %u: %s", i,
+                              nng_strerror(nrv));
+    }
+    if ((rv = socket_listen(sock, "server.listen", c->listen, c, err, n)) != ATTND_ERR_OK)
+        return rv;
+    if (c->listen_tcp[0]) return socket_listen(sock, "server.listen_tcp", c->listen_tcp, c, err, n);
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_socket_alloc(attnd_socket **out, const attnd_config *cfg, attnd_wire *w,
+                             attnd_exec *ex, attnd_log *lg, char *err, size_t n)
+{
+    attnd_err rv;
+    *out = NULL;
+    attnd_socket *sock = calloc(1, sizeof *sock);
+    if (sock == NULL) return ATTND_ERR_NO_MEMORY;
+    sock->log = lg;
+    sock->wire = w;
+    sock->ex = ex;
+    pthread_mutex_init(&sock->pipes_mu, NULL);
+    sock->nslots = cfg->server.workers;
+    sock->queue_depth = cfg->server.queue_depth;
+    sock->slots = calloc(sock->nslots, sizeof *sock->slots);
+    if (sock->slots == NULL) {
+        pthread_mutex_destroy(&sock->pipes_mu);
+        free(sock);
+        return ATTND_ERR_NO_MEMORY;
+    }
+    if ((rv = socket_open(sock, cfg, err, n)) != ATTND_ERR_OK) {
+        attnd_socket_free(sock);
+        return rv;
+    }
+    *out = sock;
+    return ATTND_ERR_OK;
+}
+
+void attnd_socket_start(attnd_socket *sock)
+{
+    for (uint32_t i = 0; i < sock->nslots; i++)
+        slot_recv(&sock->slots[i]);
+}
+
+void attnd_socket_drain(attnd_socket *sock)
+{
+    atomic_store(&sock->draining, 1);
+}
+
+void attnd_socket_free(attnd_socket *sock)
+{
+    if (sock == NULL) return;
+    atomic_store(&sock->draining, 1);
+    atomic_store(&sock->stopping, 1);
+    for (uint32_t i = 0; i < sock->nslots; i++)
+        if (sock->slots[i].aio) nng_aio_stop(sock->slots[i].aio);
+    for (uint32_t i = 0; i < sock->nslots; i++) {
+        sock_slot *sl = &sock->slots[i];
+        if (sl->req) attnd__request__free_unpacked(sl->req, NULL); /* queued, never run */
+        if (nng_ctx_id(sl->ctx) > 0) nng_ctx_close(sl->ctx);
+        if (sl->aio) nng_aio_free(sl->aio);
+    }
+    if (nng_socket_id(sock->nsock) > 0) nng_close(sock->nsock);
+    pthread_mutex_destroy(&sock->pipes_mu);
+    free(sock->pipes);
+    free(sock->slots);
+    free(sock);
+}
