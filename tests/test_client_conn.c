@@ -22,7 +22,7 @@
 
 #include "attnd.pb-c.h"
 #include "attnd/client.h"
-#include "channel.h"
+#include "wire/channel.h"
 
 typedef enum fake_mode {
     FAKE_HELLO_THEN_ERROR, /* Hello OK, then NOT_FOUND with a message */
