@@ -23,7 +23,8 @@ extern "C" {
     XX(PERMISSION_DENIED, 8, "permission denied")                                \
     XX(TIMEOUT, 9, "timed out")                                                  \
     XX(PROTOCOL, 10, "protocol error")                                           \
-    XX(INTERNAL, 11, "internal error")
+    XX(INTERNAL, 11, "internal error")                                           \
+    XX(FAILED_PRECONDITION, 12, "failed precondition")
 
 typedef enum attnd_err {
 #define ATTND_ERR_ENUM(name, value, msg) ATTND_ERR_##name = value,
