@@ -16,7 +16,7 @@ from ._cdef import CDEF, STRUCTS
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 
-_NOT_KNOWN = ffi.cast("size_t", -1)
+_NOT_KNOWN = (1 << (8 * ffi.sizeof("size_t"))) - 1  # (size_t)-1
 
 LIB_ENV = "ATTND_CLIENT_LIB"
 _HERE = Path(__file__).resolve().parent
@@ -44,9 +44,10 @@ def _candidates() -> Iterator[str]:
         yield found
 
 
-def check_layout(lib: Any) -> None:
+def check_layout(lib: Any, decl: cffi.FFI = ffi) -> None:
     """Raise LayoutError naming the first struct or field whose size or offset differs between
-    _cdef and the library, or an enum value the library names differently."""
+    the declarations (_cdef's) and the library, or an enum value the library names otherwise."""
+    ffi = decl
     for name in STRUCTS:
         size = lib.attnd_client_abi_offset(name.encode(), ffi.NULL)
         if size == _NOT_KNOWN or size != ffi.sizeof(name):
@@ -76,7 +77,8 @@ def load(path: str | None = None) -> Any:
     tried = []
     for p in [path] if path else _candidates():
         try:
-            lib = ffi.dlopen(p)
+            # never unmapped: NNG threads may still call into it while the interpreter exits
+            lib = ffi.dlopen(p, ffi.RTLD_NOW | ffi.RTLD_NODELETE)
         except OSError as e:
             tried.append(f"{p}: {e}")
             continue

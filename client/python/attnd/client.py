@@ -3,9 +3,11 @@ ops."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -23,6 +25,16 @@ SPIN_ENV = "ATTND_SPIN_US"
 # from them, so it sleeps at once (measured: a CPU-backend daemon beside a torch engine ran
 # 2-3x slower with the library's default 2 ms spin).
 _HOST_BACKENDS = ("cpu",)
+
+
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close what is still open before the interpreter tears modules down."""
+    for c in list(_open_clients):
+        c.close()
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,7 @@ class Client:
             raise AttndError(rv, ffi.string(self._lib.attnd_err_name(rv)).decode(),
                              "client alloc", False)
         self._c = cp[0]
+        _open_clients.add(self)
         try:
             self._connect(tls_ca_file, tls_server_name, channel_slots, spin_us)
         except BaseException:
@@ -277,7 +290,7 @@ class Client:
         [T, q_heads, head] into out (a new CPU array/tensor like q when None: INLINE). lse=True
         (or an f32 [q_heads, T] array/tensor) also returns the log-sum-exp: (out, lse)."""
         out = _like(q) if out is None else out
-        lse_out = _new_f32(q, (q.shape[1], q.shape[0])) if lse is True else (lse or None)
+        lse_out = _new_f32(q, (q.shape[1], q.shape[0])) if lse is True else _given(lse)
         refs = self._refs()
         args = (refs(q), refs(k), refs(v), refs(out, True), refs(lse_out, True))
         self._sync(refs)
@@ -288,8 +301,8 @@ class Client:
               out: Any = None, out_lse: Any = False) -> Any:
         """MergeStates of two partial outputs [T, H, D] with their LSE [H, T] (f32)."""
         out = _like(prefix_out) if out is None else out
-        lse_out = _new_f32(prefix_lse, tuple(prefix_lse.shape)) if out_lse is True else (
-            out_lse or None)
+        lse_out = (_new_f32(prefix_lse, tuple(prefix_lse.shape)) if out_lse is True
+                   else _given(out_lse))
         refs = self._refs()
         a = ffi.new("attnd_merge_args *", {
             "out": refs(out, True), "out_lse": refs(lse_out, True),
@@ -362,6 +375,11 @@ class Client:
         """LinearDecode: q/k/v/out [B, H, d]; a seq_id of 0 is padding (zeros out)."""
         return self._linear(self._lib.attnd_client_linear_decode, layer, seq_ids, q, k, v,
                             slopes, out, 0)
+
+
+def _given(x: Any) -> Any:
+    """An output the caller passed, or None for False / None."""
+    return None if x is None or x is False else x
 
 
 def _like(x: Any) -> Any:

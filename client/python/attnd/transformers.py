@@ -14,7 +14,7 @@ its paged cache (the model runs with use_cache=False) and applies the causal mas
 softcap and ALiBi of its config. The forward is packed (batch 1, each sequence's new tokens in
 turn, with their own position ids), as the daemon's steps are. Models whose attention does not
 dispatch through transformers' AttentionInterface get an adapter (Bloom); for any other, the
-step's EndStep fails with FAILED_PRECONDITION naming the layers that never reached the daemon.
+forward fails (and its step is aborted) naming the layers that never reached the daemon.
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ class _Forward:
     expect: dict[str, Any]
     workspace: Region
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    attended: dict[int, int] = field(default_factory=dict)  # layer -> Attend calls
+
+    def check_complete(self) -> None:
+        """Every layer attended exactly once (the daemon would commit zeros for a missed one)."""
+        layers = range(self.client.geometry["num_layers"])
+        missing = [i for i in layers if self.attended.get(i, 0) == 0]
+        twice = [i for i in layers if self.attended.get(i, 0) > 1]
+        if missing or twice:
+            raise RuntimeError(f"step {self.step.id}: layers {missing} never reached the daemon, "
+                               f"{twice} more than once: this model's attention does not go "
+                               f"through AttentionInterface (add an adapter to ADAPTERS)")
 
     def staged(self, name: str, src: torch.Tensor) -> torch.Tensor:
         """src [T, H, D] copied into the workspace (the projections' outputs are not in a
@@ -82,11 +93,13 @@ def attending(client: Client, step: Step, workspace: Region,
     in `workspace` (a region on the model's device, reset here). expect: the geometry the
     model must match (window, softcap, scale; from attnd.config.from_hf)."""
     workspace.reset()
-    token = _current.set(_Forward(client, step, dict(expect or {}), workspace))
+    fw = _Forward(client, step, dict(expect or {}), workspace)
+    token = _current.set(fw)
     try:
         yield
     finally:
         _current.reset(token)
+    fw.check_complete()
 
 
 def _check_call(fw: _Forward, module: Any, query: torch.Tensor, key: torch.Tensor,
@@ -142,6 +155,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     v = fw.staged("v", value[0].transpose(0, 1))
     out = fw.output(tuple(q.shape), q.dtype)
     fw.client.attend(fw.step, layer, q, k, v, out=out)
+    fw.attended[layer] = fw.attended.get(layer, 0) + 1
     return out.unsqueeze(0), None
 
 
