@@ -131,7 +131,8 @@ def from_hf(config: Any, *, tp_size: int = 1, tp_rank: int = 0, cache_dtype: str
     geometry = {
         "num_layers": layers, "num_q_heads": local_q, "num_kv_heads": local_kv,
         "head_size": head, "block_size": block_size, "cache_dtype": cache_dtype,
-        "num_blocks": num_blocks, "max_blocks_per_seq": -(-max_len // block_size),
+        "num_blocks": num_blocks,
+        "max_blocks_per_seq": min(-(-max_len // block_size), num_blocks),
         "scale": _scale(cfg, head), "sliding_window": _window(cfg, layers),
         "softcap": float(_get(cfg, "attn_logit_softcapping", default=0.0) or 0.0),
         "alibi": alibi,

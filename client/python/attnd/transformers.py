@@ -164,8 +164,13 @@ def _bloom_attention_forward(self: Any, hidden_states: torch.Tensor, residual: t
                              alibi: torch.Tensor, attention_mask: torch.Tensor | None,
                              layer_past: Any = None, use_cache: bool = False,
                              output_attentions: bool = False, **kwargs: Any) -> tuple:
-    """BloomAttention.forward with the daemon's attention (ALiBi is in its config)."""
+    """BloomAttention.forward with the daemon's attention (ALiBi is in its config); the
+    original forward while the model runs another attn_implementation."""
     from transformers.models.bloom.modeling_bloom import dropout_add
+
+    if self._attnd_config._attn_implementation != NAME:
+        return self._attnd_forward(hidden_states, residual, alibi, attention_mask, layer_past,
+                                   use_cache, output_attentions, **kwargs)
 
     b, s, _ = hidden_states.shape
     q, k, v = self._reshape(self.query_key_value(hidden_states))
@@ -179,15 +184,20 @@ ADAPTERS = {"BloomAttention": _bloom_attention_forward}
 
 
 def attach(model: Any) -> int:
-    """Give the adapters to the model's attention modules that need one; returns how many."""
+    """Give the adapters to the model's attention modules that need one (idempotent; they
+    defer to the original forward unless the model runs attn_implementation="attnd");
+    returns how many modules have one."""
     n = 0
     for m in model.modules():
         fwd = ADAPTERS.get(type(m).__name__)
-        if fwd is not None:
-            if getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False):
-                raise ValueError("Bloom's slow_but_exact tensor-parallel path is not served")
+        if fwd is None:
+            continue
+        if getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False):
+            raise ValueError("Bloom's slow_but_exact tensor-parallel path is not served")
+        if not hasattr(m, "_attnd_forward"):
+            m._attnd_forward, m._attnd_config = m.forward, model.config
             m.forward = types.MethodType(fwd, m)
-            n += 1
+        n += 1
     return n
 
 
