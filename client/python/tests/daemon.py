@@ -31,7 +31,8 @@ class Daemon:
         self.tmp = tempfile.mkdtemp(prefix="attnd-pytest-")
         self.sock = os.path.join(self.tmp, "attnd.sock")
         self.url = f"ipc://{self.sock}"
-        self.config = {"backend": "cpu", "threads": threads,
+        # ATTND_TEST_BACKEND=cuda runs the same tests against the CUDA backend (GPU machine)
+        self.config = {"backend": os.environ.get("ATTND_TEST_BACKEND", "cpu"), "threads": threads,
                        "server": {"listen": self.url},
                        "geometry": geometry, "log": {"level": "warn", "stats_interval_s": 0}}
         for k, v in extra.items():

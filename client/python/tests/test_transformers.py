@@ -7,6 +7,8 @@ generated token's logits must lie within LOGITS_BOUND of that run's."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import (BloomConfig, BloomForCausalLM, DynamicCache, LlamaConfig,
@@ -23,6 +25,7 @@ NEW_TOKENS = 32
 # window or ALiBi turned off misses by 2e-2 or more)
 LOGITS_BOUND = 1e-3
 PROMPT_LENS = (5, 23, 1, 40)  # 40 > max_step_tokens: its prefill takes several steps
+DEVICE = os.environ.get("ATTND_TEST_DEVICE", "cpu")  # cuda: tensors by CUDA IPC
 MAX_STEP_TOKENS = 32
 
 
@@ -41,13 +44,15 @@ def reference(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.T
         cache = RoundedCache(config=model.config)
         ids, out, logits = list(prompt), [], []
         with torch.inference_mode():
-            step = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+            step = model(torch.tensor([prompt], device=DEVICE), past_key_values=cache,
+                         use_cache=True)
             for _ in range(n):
                 last = step.logits[0, -1].float()
                 ids.append(int(last.argmax()))
                 out.append(ids[-1])
-                logits.append(last)
-                step = model(torch.tensor([[ids[-1]]]), past_key_values=cache, use_cache=True)
+                logits.append(last.cpu())
+                step = model(torch.tensor([[ids[-1]]], device=DEVICE), past_key_values=cache,
+                             use_cache=True)
         return out, logits
     finally:
         model.config._attn_implementation = at.NAME
@@ -80,7 +85,7 @@ def prompts(vocab: int) -> list[list[int]]:
 def test_generation_matches_eager(make):
     at.register()
     torch.manual_seed(0)
-    model = make().eval()
+    model = make().eval().to(DEVICE)
     model.config._attn_implementation = at.NAME
     geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
     if make is mistral:
