@@ -124,6 +124,25 @@ class ShmRegion(Region):
         c._check(rv)
 
 
+CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def cuda_ipc_handle(shared: bytes) -> bytes:
+    """The cudaIpcMemHandle_t in what UntypedStorage._share_cuda_() returns: the bare 64 bytes
+    (older torch), or torch's versioned form (a version byte, a type byte, the handle): type
+    'c' is a cudaMalloc block; 'e' (an expandable segment) has no cudaIpcMemHandle."""
+    if len(shared) == CUDA_IPC_HANDLE_SIZE:
+        return shared
+    if len(shared) >= 2 + CUDA_IPC_HANDLE_SIZE and shared[1] == ord("c"):
+        return shared[2:2 + CUDA_IPC_HANDLE_SIZE]
+    if len(shared) >= 2 and shared[1] == ord("e"):
+        raise ValueError("this CUDA buffer lives in an expandable segment, which has no "
+                         "cudaIpcMemHandle: allocate it with PYTORCH_CUDA_ALLOC_CONF not "
+                         "setting expandable_segments:True")
+    raise ValueError(f"unknown torch CUDA IPC handle format ({len(shared)} bytes, "
+                     f"leading {shared[:2].hex()})")
+
+
 class CudaRegion(Region):
     """A torch CUDA buffer registered with the daemon by CUDA IPC (zero copy). The region spans
     the allocation the buffer's storage lives in, from its start to the storage's end, so every
@@ -134,7 +153,8 @@ class CudaRegion(Region):
         storage = t.untyped_storage()
         # (device, handle, storage bytes, storage offset in its allocation, ...): torch's own
         # CUDA IPC export, the one torch.multiprocessing uses
-        device, handle, nbytes, first = storage._share_cuda_()[:4]
+        device, shared, nbytes, first = storage._share_cuda_()[:4]
+        handle = cuda_ipc_handle(shared)
         self._storage: Any = storage
         self.device = f"cuda:{device}"
         self.base, self.size = storage.data_ptr() - first, first + nbytes

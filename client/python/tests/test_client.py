@@ -268,3 +268,16 @@ def test_empty_allocates_a_registered_tensor(client):
     t = client.empty((4, 8, 64), torch.bfloat16)
     assert t.shape == (4, 8, 64) and t.dtype == torch.bfloat16
     assert any(r.holds(t) for r in client._regions)
+
+
+def test_cuda_ipc_handle_formats():
+    from attnd.region import cuda_ipc_handle
+
+    raw = bytes(range(64))
+    assert cuda_ipc_handle(raw) == raw
+    assert cuda_ipc_handle(b"\x02c" + raw) == raw  # torch <= 2.12
+    assert cuda_ipc_handle(b"\x03c" + raw) == raw  # torch 2.13
+    with pytest.raises(ValueError, match="expandable segment"):
+        cuda_ipc_handle(b"\x02e" + raw)
+    with pytest.raises(ValueError, match="unknown"):
+        cuda_ipc_handle(b"\x02x" + raw)
