@@ -21,7 +21,7 @@ try:  # bfloat16 and float8_e4m3fn as numpy dtypes, when ml_dtypes is installed
     _NUMPY[np.dtype(ml_dtypes.bfloat16)] = BF16
     _NUMPY[np.dtype(ml_dtypes.float8_e4m3fn)] = FP8_E4M3
 except ImportError:  # pragma: no cover - depends on the environment
-    ml_dtypes = None
+    ml_dtypes = None  # type: ignore[assignment]
 
 _TORCH_NAMES = {"float32": F32, "float16": F16, "bfloat16": BF16, "float8_e4m3fn": FP8_E4M3,
                 "int32": I32, "int64": I64}

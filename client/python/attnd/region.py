@@ -176,7 +176,7 @@ class CudaRegion(Region):
         import torch
 
         whole = torch.empty(0, dtype=torch.uint8, device=self.device)
-        whole.set_(self._storage, off - self._first, (n,))
+        whole.set_(self._storage, off - self._first, (n,), (1,))
         return whole
 
     def close(self) -> None:

@@ -344,9 +344,10 @@ class Generator:
             logits = self.model(**kwargs).logits[0]
         for s, n in plan:
             s.computed += n
+        next_tokens = logits.argmax(-1).tolist()  # one device sync for the whole batch
         for row, i in enumerate(sample):
             s = plan[i][0]
-            s.tokens.append(int(logits[row].argmax()))
+            s.tokens.append(next_tokens[row])
             if self.keep_logits:
                 s.logits.append(logits[row].float().cpu())
             if len(s.generated) >= s.max_new_tokens:

@@ -20,12 +20,13 @@ import attnd.transformers as at
 from daemon import Daemon
 
 NEW_TOKENS = 32
-# f32 models, K/V in bf16 on both sides: the two runs differ only in the order of the f32
-# accumulations inside attention (measured up to 1.2e-4 on these models; the daemon with the
-# window or ALiBi turned off misses by 2e-2 or more)
-LOGITS_BOUND = 1e-3
-PROMPT_LENS = (5, 23, 1, 40)  # 40 > max_step_tokens: its prefill takes several steps
 DEVICE = os.environ.get("ATTND_TEST_DEVICE", "cpu")  # cuda: tensors by CUDA IPC
+# f32 models, K/V in bf16 on both sides: the two runs differ in the order of f32 accumulations
+# (CPU: inside attention only, measured up to 1.2e-4 on these models; the daemon with the window
+# or ALiBi turned off misses by 2e-2 or more). On the GPU the packed and the per-prompt forwards
+# also take different cuBLAS kernels: 1.2e-3 and 1.5e-3 seen on the H100 (2026-11-25).
+LOGITS_BOUND = 1e-3 if DEVICE == "cpu" else 5e-3
+PROMPT_LENS = (5, 23, 1, 40)  # 40 > max_step_tokens: its prefill takes several steps
 MAX_STEP_TOKENS = 32
 
 
