@@ -72,6 +72,11 @@ void attnd_client_set_timeout(attnd_client *c, int32_t timeout_ms)
     atomic_store(&c->timeout_ms, timeout_ms);
 }
 
+void attnd_client_set_spin(attnd_client *c, int32_t spin_us)
+{
+    c->spin_us = spin_us;
+}
+
 const attnd_server_info *attnd_client_server(const attnd_client *c)
 {
     return c->have_server ? &c->server : NULL;

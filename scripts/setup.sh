@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git libuv1-dev libprotobuf-c-dev protobuf-c-compiler
       libnng-dev libjansson-dev libcriterion-dev python3 python3-numpy systemd
-      libsystemd-dev python3-yaml clang libclang-rt-14-dev openssl)
+      libsystemd-dev python3-yaml clang libclang-rt-14-dev openssl python3-venv python3-cffi)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,3 +14,4 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 echo "attnd: build dependencies present"
+bash "$(dirname "$0")/setup_python.sh"

@@ -40,6 +40,27 @@ def reference(q, keys, values, context, scale):
     return out
 
 
+def attend_layer(c, step, layer, region, rng, hist, g, scale):
+    """One layer of the step with random Q/K/V in the region; returns the output and its
+    largest difference from numpy over the keys and values sent so far."""
+    t, hq, hkv, d = step.num_tokens, g["num_q_heads"], g["num_kv_heads"], g["head_size"]
+    region.reset()
+    q, k, v = region.array((t, hq, d)), region.array((t, hkv, d)), region.array((t, hkv, d))
+    q[:], k[:], v[:] = (rng.standard_normal(a.shape, dtype=np.float32) for a in (q, k, v))
+    out, lse = c.attend(step, layer, q, k, v, out=region.array((t, hq, d)), lse=True)
+    assert np.isfinite(lse).all()
+    worst = 0.0
+    for i, (s, _) in enumerate(step.seqs):
+        rows = step.rows(i)
+        ks, vs = hist[(s, layer)]
+        ctx = len(ks)
+        ks = np.concatenate([ks, as_cache(k[rows], g["cache_dtype"])])
+        vs = np.concatenate([vs, as_cache(v[rows], g["cache_dtype"])])
+        hist[(s, layer)] = (ks, vs)
+        worst = max(worst, float(np.abs(out[rows] - reference(q[rows], ks, vs, ctx, scale)).max()))
+    return out, worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default=os.environ.get("ATTND_URL", attnd.DEFAULT_URL))
@@ -63,29 +84,13 @@ def main():
         worst = 0.0
         for step_no in range(1 + args.steps):
             plan = list(prompts.items()) if step_no == 0 else [(s, 1) for s in prompts]
-            step = c.begin_step(plan)
-            t = step["num_tokens"]
-            for layer in range(layers):
-                region.reset()
-                q = region.array((t, hq, d))
-                k = region.array((t, hkv, d))
-                v = region.array((t, hkv, d))
-                q[:], k[:], v[:] = (rng.standard_normal(a.shape, dtype=np.float32)
-                                    for a in (q, k, v))
-                out, lse = c.attend(step, layer, q, k, v, out=region.array((t, hq, d)), lse=True)
-                assert np.isfinite(lse).all()
-                for i, (s, n) in enumerate(plan):
-                    rows = slice(step["query_start_loc"][i], step["query_start_loc"][i + 1])
-                    ks, vs = hist[(s, layer)]
-                    ctx = len(ks)
-                    ks = np.concatenate([ks, as_cache(k[rows], g["cache_dtype"])])
-                    vs = np.concatenate([vs, as_cache(v[rows], g["cache_dtype"])])
-                    hist[(s, layer)] = (ks, vs)
-                    ref = reference(q[rows], ks, vs, ctx, scale)
-                    worst = max(worst, float(np.abs(out[rows] - ref).max()))
-            c.end_step(step)
+            with c.step(plan) as step:  # EndStep at the end, abort if anything raises
+                for layer in range(layers):
+                    out, err = attend_layer(c, step, layer, region, rng, hist, g, scale)
+                    worst = max(worst, err)
             if step_no == 0:
-                print(f"prefill: {t} tokens, out[0, 0, :4] = {np.round(out[0, 0, :4], 4)}")
+                print(f"prefill: {step.num_tokens} tokens, out[0, 0, :4] = "
+                      f"{np.round(out[0, 0, :4], 4)}")
         print(f"{args.steps} decode steps; sequences: " +
               ", ".join(f"{s['seq_id']}: {s['num_tokens']} tokens" for s in c.seqs()))
         for s in prompts:

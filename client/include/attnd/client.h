@@ -200,6 +200,10 @@ ATTND_CLIENT_API const attnd_server_info *attnd_client_server(const attnd_client
 ATTND_CLIENT_API uint64_t attnd_client_session(const attnd_client *c);
 /* Change the per-call timeout (ms; 0 = default, -1 = forever) for calls that start afterwards. */
 ATTND_CLIENT_API void attnd_client_set_timeout(attnd_client *c, int32_t timeout_ms);
+/* How long calls spin on a channel reply before they sleep (as attnd_client_opts.spin_us: 0 =
+ * default, -1 = sleep at once), for channels opened afterwards: set it between Hello (whose
+ * backend may decide it) and attnd_client_channel_open. */
+ATTND_CLIENT_API void attnd_client_set_spin(attnd_client *c, int32_t spin_us);
 /* Message of the last failed call on this client ("" if none). The pointer stays valid until
  * the client is freed; when threads share a client prefer attnd_client_last_error_copy. */
 ATTND_CLIENT_API const char *attnd_client_last_error(const attnd_client *c);
@@ -348,6 +352,13 @@ typedef struct attnd_linear_args {
 } attnd_linear_args;
 ATTND_CLIENT_API attnd_err attnd_client_linear_prefill(attnd_client *c, const attnd_linear_args *a);
 ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const attnd_linear_args *a);
+
+/* ---------------------------------------------------------------- layout, for bindings */
+
+/* Offset of `field` in the public struct `type` ("attnd_ref", "region"), or sizeof(type) when
+ * field is NULL; (size_t)-1 for a name this library does not know. Bindings that declare the
+ * structs again (the Python package, through cffi) compare their layout with it when loaded. */
+ATTND_CLIENT_API size_t attnd_client_abi_offset(const char *type, const char *field);
 
 #ifdef __cplusplus
 }

@@ -1,135 +1,93 @@
-"""ctypes declarations of libattnd-client (client/include/attnd/client.h), nothing else."""
+"""Loading libattnd-client through cffi (ABI mode) and checking that the declarations in
+_cdef match the library that was loaded."""
 
-import ctypes
+from __future__ import annotations
+
 import ctypes.util
+import functools
 import os
+from pathlib import Path
+from typing import Any, Iterator
 
-REF_MAX_DIMS = 4
+import cffi
 
-# attnd_dtype
-F32, F16, BF16, FP8_E4M3, I32, I64 = range(6)
-DTYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16", FP8_E4M3: "fp8_e4m3", I32: "i32", I64: "i64"}
+from ._cdef import CDEF, STRUCTS
 
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
 
-class Opts(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int32), ("channel_slots", ctypes.c_int32),
-                ("spin_us", ctypes.c_int32)]
+_NOT_KNOWN = (1 << (8 * ffi.sizeof("size_t"))) - 1  # (size_t)-1
 
-
-class Geometry(ctypes.Structure):
-    _fields_ = [("num_layers", ctypes.c_uint32), ("num_q_heads", ctypes.c_uint32),
-                ("num_kv_heads", ctypes.c_uint32), ("head_size", ctypes.c_uint32),
-                ("block_size", ctypes.c_uint32), ("cache_dtype", ctypes.c_int),
-                ("num_blocks", ctypes.c_uint32), ("max_blocks_per_seq", ctypes.c_uint32),
-                ("scale", ctypes.c_float), ("linear_slots", ctypes.c_uint32),
-                ("linear_heads", ctypes.c_uint32), ("linear_head_dim", ctypes.c_uint32)]
+LIB_ENV = "ATTND_CLIENT_LIB"
+_HERE = Path(__file__).resolve().parent
 
 
-class Limits(ctypes.Structure):
-    _fields_ = [("max_seqs", ctypes.c_uint32), ("max_step_tokens", ctypes.c_uint32),
-                ("max_regions", ctypes.c_uint32), ("max_inline_bytes", ctypes.c_uint64),
-                ("request_timeout_ms", ctypes.c_uint32)]
+class LayoutError(ImportError):
+    """The loaded libattnd-client was built from a client.h that attnd._cdef does not match."""
 
 
-class ServerInfo(ctypes.Structure):
-    _fields_ = [("protocol_version", ctypes.c_uint32), ("session", ctypes.c_uint64),
-                ("version", ctypes.c_char * 64), ("backend", ctypes.c_char * 16),
-                ("geometry", Geometry), ("limits", Limits), ("blocks_free", ctypes.c_uint32)]
-
-
-class Status(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_char * 64), ("backend", ctypes.c_char * 16),
-                ("geometry", Geometry), ("blocks_free", ctypes.c_uint32),
-                ("num_sequences", ctypes.c_uint32), ("num_sessions", ctypes.c_uint32),
-                ("requests", ctypes.c_uint64), ("errors", ctypes.c_uint64),
-                ("uptime_s", ctypes.c_double)]
-
-
-class SeqInfo(ctypes.Structure):
-    _fields_ = [("seq_id", ctypes.c_uint64), ("num_tokens", ctypes.c_uint32),
-                ("num_blocks", ctypes.c_uint32), ("step", ctypes.c_uint64)]
-
-
-class StepSeq(ctypes.Structure):
-    _fields_ = [("seq_id", ctypes.c_uint64), ("new_tokens", ctypes.c_uint32)]
-
-
-class Step(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint64), ("num_tokens", ctypes.c_uint32)]
-
-
-class Ref(ctypes.Structure):
-    _fields_ = [("region", ctypes.c_uint32), ("offset", ctypes.c_uint64),
-                ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
-                ("shape", ctypes.c_int64 * REF_MAX_DIMS),
-                ("strides", ctypes.c_int64 * REF_MAX_DIMS), ("has_strides", ctypes.c_int32),
-                ("data", ctypes.c_void_p), ("out", ctypes.c_void_p), ("bytes", ctypes.c_size_t)]
-
-
-class Shm(ctypes.Structure):
-    _fields_ = [("region", ctypes.c_uint32), ("name", ctypes.c_char * 64),
-                ("base", ctypes.c_void_p), ("size", ctypes.c_size_t)]
-
-
-def _candidates():
-    env = os.environ.get("ATTND_CLIENT_LIB")
+def _candidates() -> Iterator[str]:
+    env = os.environ.get(LIB_ENV)
     if env:
         yield env
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
+        return
+    bundled = _HERE / "libattnd-client.so"  # what `pip install ./client/python` puts here
+    if bundled.exists():
+        yield str(bundled)
+    root = _HERE.parents[2]  # a source checkout: client/python/attnd -> the repository
     for build in ("build", "build-client"):
-        yield os.path.join(root, build, "client", "libattnd-client.so")
+        path = root / build / "client" / "libattnd-client.so"
+        if path.exists():
+            yield str(path)
     found = ctypes.util.find_library("attnd-client")
     if found:
         yield found
 
 
-def load(path=None):
-    """Load the shared library: path, $ATTND_CLIENT_LIB, the repo's build/, or the system's."""
+def check_layout(lib: Any, decl: cffi.FFI = ffi) -> None:
+    """Raise LayoutError naming the first struct or field whose size or offset differs between
+    the declarations (_cdef's) and the library, or an enum value the library names otherwise."""
+    ffi = decl
+    for name in STRUCTS:
+        size = lib.attnd_client_abi_offset(name.encode(), ffi.NULL)
+        if size == _NOT_KNOWN or size != ffi.sizeof(name):
+            raise LayoutError(f"{name}: {ffi.sizeof(name)} bytes declared in attnd._cdef, "
+                              f"the library says {'unknown' if size == _NOT_KNOWN else size}")
+        for field, _ in ffi.typeof(name).fields:
+            off = lib.attnd_client_abi_offset(name.encode(), field.encode())
+            if off != ffi.offsetof(name, field):
+                raise LayoutError(f"{name}.{field}: offset {ffi.offsetof(name, field)} in "
+                                  f"attnd._cdef, the library says "
+                                  f"{'unknown' if off == _NOT_KNOWN else off}")
+    for enum, namer, prefix in (("attnd_err", lib.attnd_err_name, "ATTND_ERR_"),
+                                ("attnd_dtype", lib.attnd_dtype_name, "ATTND_DTYPE_")):
+        for value, label in ffi.typeof(enum).elements.items():
+            if label.endswith("_COUNT"):
+                continue
+            got = ffi.string(namer(value)).decode().upper()
+            if prefix + got != label:
+                raise LayoutError(f"{enum} {value}: {label} in attnd._cdef, the library says "
+                                  f"{prefix + got}")
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: str | None = None) -> Any:
+    """The library: path, else $ATTND_CLIENT_LIB, the copy bundled in the package, a source
+    checkout's build/, or the system's; its layout checked (LayoutError)."""
     tried = []
-    for p in ([path] if path else _candidates()):
+    for p in [path] if path else _candidates():
         try:
-            return _declare(ctypes.CDLL(p))
+            # never unmapped: NNG threads may still call into it while the interpreter exits
+            lib = ffi.dlopen(p, ffi.RTLD_NOW | ffi.RTLD_NODELETE)
         except OSError as e:
             tried.append(f"{p}: {e}")
-    raise OSError("libattnd-client not found (set ATTND_CLIENT_LIB); tried:\n  " +
-                  "\n  ".join(tried))
-
-
-def _fn(lib, name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-
-
-def _declare(lib):
-    P, E = ctypes.POINTER, ctypes.c_int  # attnd_err
-    c, u32, u64, i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
-    _fn(lib, "attnd_client_alloc", E, P(c), P(Opts))
-    _fn(lib, "attnd_client_free", None, c)
-    _fn(lib, "attnd_client_set_tls", E, c, ctypes.c_char_p, ctypes.c_char_p)
-    _fn(lib, "attnd_client_dial", E, c, ctypes.c_char_p)
-    _fn(lib, "attnd_client_hello", E, c, P(ServerInfo))
-    _fn(lib, "attnd_client_connect", E, c, ctypes.c_char_p, P(ServerInfo))
-    _fn(lib, "attnd_client_session", u64, c)
-    _fn(lib, "attnd_client_set_timeout", None, c, i32)
-    _fn(lib, "attnd_client_last_error_copy", ctypes.c_size_t, c, ctypes.c_char_p,
-        ctypes.c_size_t)
-    _fn(lib, "attnd_client_last_error_remote", ctypes.c_int, c)
-    _fn(lib, "attnd_client_status", E, c, P(Status))
-    _fn(lib, "attnd_client_region_unregister", E, c, u32)
-    _fn(lib, "attnd_client_shm_create", E, c, ctypes.c_size_t, P(Shm))
-    _fn(lib, "attnd_client_shm_destroy", E, c, P(Shm))
-    _fn(lib, "attnd_client_seq_create", E, c, u64, P(SeqInfo))
-    _fn(lib, "attnd_client_seq_fork", E, c, u64, u64, P(SeqInfo))
-    _fn(lib, "attnd_client_seq_free", E, c, u64)
-    _fn(lib, "attnd_client_seq_query", E, c, u64, P(SeqInfo))
-    _fn(lib, "attnd_client_seq_list", E, c, P(SeqInfo), ctypes.c_size_t,
-        P(ctypes.c_size_t))
-    _fn(lib, "attnd_client_step_begin", E, c, P(StepSeq), ctypes.c_size_t, P(Step), P(u32))
-    _fn(lib, "attnd_client_step_end", E, c, u64, ctypes.c_int)
-    _fn(lib, "attnd_client_attend", E, c, u64, u32, P(Ref), P(Ref), P(Ref), P(Ref), P(Ref))
-    _fn(lib, "attnd_err_name", ctypes.c_char_p, E)
-    _fn(lib, "attnd_strerror", ctypes.c_char_p, E)
-    return lib
+            continue
+        try:
+            lib.attnd_client_abi_offset
+        except AttributeError as e:
+            raise LayoutError(f"{p}: no attnd_client_abi_offset (a libattnd-client older than "
+                              f"this package)") from e
+        check_layout(lib)
+        return lib
+    raise OSError(f"libattnd-client not found (set {LIB_ENV}); tried: " +
+                  ("; ".join(tried) or "nothing"))

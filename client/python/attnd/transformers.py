@@ -1,0 +1,366 @@
+"""HuggingFace transformers models with their attention served by attnd.
+
+    import attnd, attnd.transformers
+    attnd.transformers.register()                     # attn_implementation="attnd"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnd")
+    with attnd.Client() as c:                         # a daemon on attnd.config.from_hf(...)
+        gen = attnd.transformers.Generator(model, c)
+        a, b = gen.add(prompt_a, 32), gen.add(prompt_b, 32)
+        gen.run()                                     # continuous batching, one step per forward
+        print(a.generated, b.generated)
+
+Every attention call of the model becomes one Attend of the open step: the daemon keeps K/V in
+its paged cache (the model runs with use_cache=False) and applies the causal mask, window,
+softcap and ALiBi of its config. The forward is packed (batch 1, each sequence's new tokens in
+turn, with their own position ids), as the daemon's steps are. Models whose attention does not
+dispatch through transformers' AttentionInterface get an adapter (Bloom); for any other, the
+forward fails (and its step is aborted) naming the layers that never reached the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import itertools
+import math
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .client import Client, Step
+from .config import from_hf
+from .region import Region
+
+NAME = "attnd"
+_current: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("attnd_forward",
+                                                                           default=None)
+
+
+def register() -> None:
+    """Make attn_implementation="attnd" available to every transformers model (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, attention)
+
+
+# ---------------------------------------------------------------------- one forward = one step
+@dataclass
+class _Forward:
+    """What the attention calls of one forward need: the client, the step, what the model must
+    agree with (geometry from the daemon, window and softcap from its config) and a workspace
+    region holding this step's Q/K/V/out."""
+
+    client: Client
+    step: Step
+    expect: dict[str, Any]
+    workspace: Region
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    attended: dict[int, int] = field(default_factory=dict)  # layer -> Attend calls
+
+    def check_complete(self) -> None:
+        """Every layer attended exactly once (the daemon would commit zeros for a missed one)."""
+        layers = range(self.client.geometry["num_layers"])
+        missing = [i for i in layers if self.attended.get(i, 0) == 0]
+        twice = [i for i in layers if self.attended.get(i, 0) > 1]
+        if missing or twice:
+            raise RuntimeError(f"step {self.step.id}: layers {missing} never reached the daemon, "
+                               f"{twice} more than once: this model's attention does not go "
+                               f"through AttentionInterface (add an adapter to ADAPTERS)")
+
+    def staged(self, name: str, src: torch.Tensor) -> torch.Tensor:
+        """src [T, H, D] copied into the workspace (the projections' outputs are not in a
+        region); the buffer is carved once per step and reused by every layer."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            buf = self.buffers[name] = self.workspace.tensor(tuple(src.shape), src.dtype)
+        buf.copy_(src)
+        return buf
+
+    def output(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buf = self.buffers.get("out")
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self.buffers["out"] = self.workspace.tensor(shape, dtype)
+        return buf
+
+
+@contextlib.contextmanager
+def attending(client: Client, step: Step, workspace: Region,
+              expect: dict[str, Any] | None = None) -> Iterator[None]:
+    """Route the attention calls made inside the block (one forward) to `step`, staging Q/K/V
+    in `workspace` (a region on the model's device, reset here). expect: the geometry the
+    model must match (window, softcap, scale; from attnd.config.from_hf)."""
+    workspace.reset()
+    fw = _Forward(client, step, dict(expect or {}), workspace)
+    token = _current.set(fw)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+    fw.check_complete()
+
+
+def _check_call(fw: _Forward, module: Any, query: torch.Tensor, key: torch.Tensor,
+                scaling: float | None, kwargs: dict[str, Any]) -> int:
+    g = fw.client.geometry
+    layer = getattr(module, "layer_idx", None)
+    if not isinstance(layer, int) or not 0 <= layer < g["num_layers"]:
+        raise ValueError(f"attention module {type(module).__name__}: layer_idx {layer!r} is not "
+                         f"one of the daemon's {g['num_layers']} layers")
+    b, hq, t, d = query.shape
+    if b != 1:
+        raise ValueError(f"attnd attention takes packed input (batch 1, sequences one after the "
+                         f"other), got batch {b}: drive the model with attnd.transformers.Generator")
+    if t != fw.step.num_tokens:
+        raise ValueError(f"layer {layer}: {t} tokens in the forward, {fw.step.num_tokens} in the step")
+    if (hq, key.shape[1], d) != (g["num_q_heads"], g["num_kv_heads"], g["head_size"]):
+        raise ValueError(f"layer {layer}: {hq} q / {key.shape[1]} kv heads of {d} in the model, "
+                         f"the daemon has {g['num_q_heads']} / {g['num_kv_heads']} of "
+                         f"{g['head_size']}")
+    want = g["scale"] or d ** -0.5
+    if scaling is not None and not math.isclose(scaling, want, rel_tol=1e-5):
+        raise ValueError(f"layer {layer}: softmax scale {scaling} in the model, {want} in the daemon")
+    window = int(kwargs.get("sliding_window") or 0)
+    if "sliding_window" in fw.expect and window != int(fw.expect["sliding_window"] or 0):
+        raise ValueError(f"layer {layer}: sliding window {window} in the model, "
+                         f"{fw.expect['sliding_window']} in the daemon's config")
+    softcap = float(kwargs.get("softcap") or 0.0)
+    if "softcap" in fw.expect and softcap != float(fw.expect["softcap"] or 0.0):
+        raise ValueError(f"layer {layer}: softcap {softcap} in the model, "
+                         f"{fw.expect['softcap']} in the daemon's config")
+    if kwargs.get("dropout"):
+        raise ValueError("attnd attention is for inference: dropout must be 0 (model.eval())")
+    if kwargs.get("is_causal") is False:
+        raise ValueError("attnd attention is causal self-attention (is_causal=False asked)")
+    return layer
+
+
+def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, scaling: float | None = None,
+              dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The AttentionInterface function: query [1, Hq, T, D], key/value [1, Hkv, T, D] (this
+    step's new tokens) -> ([1, T, Hq, D], None)."""
+    fw = _current.get()
+    if fw is None:
+        raise RuntimeError('attn_implementation="attnd" runs inside a daemon step: use '
+                           "attnd.transformers.Generator (or the attending() context)")
+    if attention_mask is not None:
+        raise ValueError("attnd attention applies the daemon's causal mask; a custom "
+                         "attention_mask cannot be honoured")
+    layer = _check_call(fw, module, query, key, scaling, {**kwargs, "dropout": dropout})
+    q = fw.staged("q", query[0].transpose(0, 1))
+    k = fw.staged("k", key[0].transpose(0, 1))
+    v = fw.staged("v", value[0].transpose(0, 1))
+    out = fw.output(tuple(q.shape), q.dtype)
+    fw.client.attend(fw.step, layer, q, k, v, out=out)
+    fw.attended[layer] = fw.attended.get(layer, 0) + 1
+    return out.unsqueeze(0), None
+
+
+# ---------------------------------------------------------------------- models without the interface
+def _bloom_attention_forward(self: Any, hidden_states: torch.Tensor, residual: torch.Tensor,
+                             alibi: torch.Tensor, attention_mask: torch.Tensor | None,
+                             layer_past: Any = None, use_cache: bool = False,
+                             output_attentions: bool = False, **kwargs: Any) -> tuple:
+    """BloomAttention.forward with the daemon's attention (ALiBi is in its config); the
+    original forward while the model runs another attn_implementation."""
+    from transformers.models.bloom.modeling_bloom import dropout_add
+
+    if self._attnd_config._attn_implementation != NAME:
+        return self._attnd_forward(hidden_states, residual, alibi, attention_mask, layer_past,
+                                   use_cache, output_attentions, **kwargs)
+
+    b, s, _ = hidden_states.shape
+    q, k, v = self._reshape(self.query_key_value(hidden_states))
+    out, _ = attention(self, q, k, v, None, scaling=self.inv_norm_factor)
+    output = self.dense(out.reshape(b, s, self.num_heads * self.head_dim))
+    return dropout_add(output, residual, self.hidden_dropout, self.training), None
+
+
+# attention classes that compute attention themselves, and the forward that replaces theirs
+ADAPTERS = {"BloomAttention": _bloom_attention_forward}
+
+
+def attach(model: Any) -> int:
+    """Give the adapters to the model's attention modules that need one (idempotent; they
+    defer to the original forward unless the model runs attn_implementation="attnd");
+    returns how many modules have one."""
+    n = 0
+    for m in model.modules():
+        fwd = ADAPTERS.get(type(m).__name__)
+        if fwd is None:
+            continue
+        if getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False):
+            raise ValueError("Bloom's slow_but_exact tensor-parallel path is not served")
+        if not hasattr(m, "_attnd_forward"):
+            m._attnd_forward, m._attnd_config = m.forward, model.config
+            m.forward = types.MethodType(fwd, m)
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------- batched generation
+@dataclass
+class Generation:
+    """One generation: seq_id in the daemon, the tokens so far (prompt, then generated), how
+    many of them are in the daemon's cache, and the logits of each generated token when asked."""
+
+    seq_id: int
+    tokens: list[int]
+    prompt_len: int
+    max_new_tokens: int
+    computed: int = 0
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def pending(self) -> int:
+        """Known tokens not yet in the cache (the prompt's rest, or the last sampled token)."""
+        return len(self.tokens) - self.computed
+
+
+class Generator:
+    """Greedy batched generation on the daemon's paged cache: each step() is one daemon step
+    and one forward of the model over every unfinished sequence — decodes one token each,
+    prompts in chunks while max_step_tokens allows (chunked prefill) — so sequences added
+    between steps join the running batch (continuous batching). The model must have been made
+    with attn_implementation="attnd" (register() first) and match the daemon's geometry."""
+
+    def __init__(self, model: Any, client: Client, *, max_step_tokens: int | None = None,
+                 keep_logits: bool = False, first_seq_id: int = 1, tp_size: int = 1,
+                 tp_rank: int = 0) -> None:
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl != NAME:
+            raise ValueError(f'the model runs attn_implementation={impl!r}: load it with '
+                             f'attn_implementation="{NAME}" (after attnd.transformers.register())')
+        self.model, self.client = model.eval(), client
+        self.expect = from_hf(model.config, tp_size=tp_size, tp_rank=tp_rank)["geometry"]
+        self._check_geometry()
+        attach(model)
+        limit = client.limits["max_step_tokens"]
+        self.max_step_tokens = min(max_step_tokens or limit, limit)
+        self.keep_logits = keep_logits
+        self.seqs: list[Generation] = []
+        self._ids = itertools.count(first_seq_id)
+        params = inspect.signature(model.forward).parameters
+        self._positions = "position_ids" in params
+        self._workspace: Region | None = None
+
+    def _check_geometry(self) -> None:
+        g = self.client.geometry
+        for key in ("num_layers", "num_q_heads", "num_kv_heads", "head_size"):
+            if g[key] != self.expect[key]:
+                raise ValueError(f"geometry.{key}: {self.expect[key]} for this model, the daemon "
+                                 f"serves {g[key]}")
+        want = self.expect["scale"] or self.expect["head_size"] ** -0.5
+        have = g["scale"] or g["head_size"] ** -0.5
+        if not math.isclose(want, have, rel_tol=1e-5):
+            raise ValueError(f"geometry.scale: {want} for this model, the daemon uses {have}")
+
+    # ------------------------------------------------------------------ sequences
+    def add(self, prompt: Sequence[int], max_new_tokens: int) -> Generation:
+        """A new sequence; its prompt is prefilled by the next steps."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        s = Generation(next(self._ids), [int(t) for t in prompt], len(prompt), max_new_tokens)
+        self.client.create(s.seq_id)
+        self.seqs.append(s)
+        return s
+
+    def fork(self, parent: Generation, next_token: int, max_new_tokens: int) -> Generation:
+        """A sequence sharing parent's cache (copy-on-write) that continues with next_token
+        instead of what the parent generates; its `generated` starts with next_token."""
+        if parent.finished:
+            raise ValueError(f"sequence {parent.seq_id} finished (its cache is freed)")
+        s = Generation(next(self._ids), parent.tokens[:parent.computed] + [int(next_token)],
+                      parent.computed, max_new_tokens, computed=parent.computed)
+        self.client.fork(parent.seq_id, s.seq_id)
+        self.seqs.append(s)
+        return s
+
+    def close(self) -> None:
+        """Free every unfinished sequence in the daemon."""
+        for s in self.seqs:
+            if not s.finished:
+                s.finished = True
+                self.client.free(s.seq_id)
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ steps
+    def _plan(self) -> list[tuple[Generation, int]]:
+        """Decodes first (one token each), then prompt chunks while the budget lasts."""
+        live = [s for s in self.seqs if not s.finished]
+        plan = [(s, 1) for s in live if s.pending == 1]
+        budget = self.max_step_tokens - len(plan)
+        for s in live:
+            if s.pending > 1 and budget > 0:
+                n = min(s.pending, budget)
+                plan.append((s, n))
+                budget -= n
+        return plan
+
+    def _workspace_for(self, tokens: int, dtype: torch.dtype, device: torch.device) -> Region:
+        g = self.client.geometry
+        per_token = (2 * g["num_q_heads"] + 2 * g["num_kv_heads"]) * g["head_size"]
+        need = 4 * 256 + self.max_step_tokens * per_token * torch.finfo(dtype).bits // 8
+        ws = self._workspace
+        if ws is None or ws.size < need or ws.device != _device_name(device):
+            if ws is not None:
+                ws.close()
+            ws = self._workspace = self.client.alloc(need, device)
+        return ws
+
+    def step(self) -> bool:
+        """One daemon step over the scheduled sequences; False when nothing was left to do."""
+        plan = self._plan()
+        if not plan:
+            return False
+        ids = [t for s, n in plan for t in s.tokens[s.computed:s.computed + n]]
+        pos = [p for s, n in plan for p in range(s.computed, s.computed + n)]
+        ends = list(itertools.accumulate(n for _, n in plan))
+        sample = [i for i, (s, n) in enumerate(plan) if s.computed + n == len(s.tokens)]
+        device = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        kwargs: dict[str, Any] = {
+            "input_ids": torch.tensor([ids], device=device), "use_cache": False,
+            "logits_to_keep": torch.tensor([ends[i] - 1 for i in sample], dtype=torch.long,
+                                           device=device)}
+        if self._positions:
+            kwargs["position_ids"] = torch.tensor([pos], device=device)
+        ws = self._workspace_for(len(ids), dtype, device)
+        with self.client.step([(s.seq_id, n) for s, n in plan]) as st, \
+                attending(self.client, st, ws, self.expect), torch.inference_mode():
+            logits = self.model(**kwargs).logits[0]
+        for s, n in plan:
+            s.computed += n
+        next_tokens = logits.argmax(-1).tolist()  # one device sync for the whole batch
+        for row, i in enumerate(sample):
+            s = plan[i][0]
+            s.tokens.append(next_tokens[row])
+            if self.keep_logits:
+                s.logits.append(logits[row].float().cpu())
+            if len(s.generated) >= s.max_new_tokens:
+                s.finished = True
+                self.client.free(s.seq_id)
+        return True
+
+    def run(self) -> list[Generation]:
+        """Step until every sequence has its tokens; returns the sequences."""
+        while self.step():
+            pass
+        return self.seqs
+
+
+def _device_name(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
