@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""CTest attnctl_cli: the attnctl binary from the outside, against a daemon this script starts.
+"""CTest attnctl_cli: the attnctl binary from the outside, against a daemon this script starts
+(and `attnd --help` against daemon/main.c's option table).
 
 --version and --help; every bad command line exits 2 with a message naming the option, before
 anything is sent (the daemon's request counter does not move); nothing listening gives exit 1
@@ -120,6 +121,23 @@ class Basics(unittest.TestCase):
                      "--progress", "--clients", "--abort", "--lse", "--inline"):
             self.assertIn(word, r.stdout)
         self.assertEqual(attnctl("-h", url=None).stdout, r.stdout)
+
+
+class DaemonHelp(unittest.TestCase):
+    def test_attnd_help_describes_every_option(self) -> None:
+        # the option table of daemon/main.c, read from the source
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "daemon", "main.c")) as f:
+            longopts = re.findall(r'\{"([a-z-]+)", (?:required|no)_argument', f.read())
+        self.assertIn("config", longopts)
+        r = subprocess.run([ATTND, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0)
+        for name in longopts:
+            self.assertRegex(r.stdout, r"\n  -\w, --%s\b" % name)
+        for word in ("SIGHUP", "SIGTERM", "Exit status", "attnd.schema.json"):
+            self.assertIn(word, r.stdout)
+        r = subprocess.run([ATTND, "--bogus"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("attnd --help", r.stderr)
 
 
 class BadCommandLines(unittest.TestCase):

@@ -15,7 +15,8 @@ mkdir -p "$work"
 
 "$cmake" --install "$build" --prefix "$prefix" >"$work/install.log"
 for f in bin/attnd bin/attnctl include/attnd/client.h include/attnd/npy.h include/attnd/err.h \
-    include/attnd/dtype.h; do
+    include/attnd/dtype.h share/attnd/attnd.schema.json share/attnd/attnd.json \
+    share/attnd/examples/llama-3-8b.json; do
     [ -f "$prefix/$f" ] || fail "$f was not installed"
 done
 pc=$(find "$prefix" -name attnd-client.pc)
@@ -26,6 +27,11 @@ for f in libattnd-client.so libattnd-client.a cmake/attnd/attnd-config.cmake \
     [ -e "$libdir/$f" ] || fail "lib/$f was not installed"
 done
 echo "ok: installed into $prefix (libdir $libdir)"
+for conf in "$prefix"/share/attnd/attnd.json "$prefix"/share/attnd/examples/*.json; do
+    "$prefix/bin/attnd" --config "$conf" --check-config >/dev/null ||
+        fail "the installed attnd refuses $conf"
+done
+echo "ok: the installed attnd accepts the installed configs (share/attnd)"
 
 # every public header compiles on its own, from the prefix alone
 for h in client npy err dtype; do
