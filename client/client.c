@@ -20,7 +20,10 @@ attnd_err attnd_client_alloc(attnd_client **cp, const attnd_client_opts *opts)
     pthread_mutex_init(&c->mu, NULL);
     attnd_client_copy_str(c->name, sizeof c->name,
                           opts && opts->name ? opts->name : "attnd-client");
-    attnd_client_copy_str(c->token, sizeof c->token, opts ? opts->token : NULL);
+    /* an unset token falls back to $ATTND_TOKEN, as the URL to $ATTND_URL (attnd_client_dial) */
+    attnd_client_copy_str(c->token, sizeof c->token,
+                          opts && opts->token && opts->token[0] ? opts->token
+                                                                : getenv("ATTND_TOKEN"));
     atomic_init(&c->timeout_ms, opts ? opts->timeout_ms : 0);
     c->channel_slots = opts ? opts->channel_slots : 0;
     c->spin_us = opts ? opts->spin_us : 0;
@@ -51,14 +54,24 @@ attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_file, const char 
     return ATTND_ERR_OK;
 }
 
+const char *attnd_client_default_url(void)
+{
+    const char *env = getenv("ATTND_URL");
+    return env != NULL && env[0] != '\0' ? env : ATTND_CLIENT_DEFAULT_URL;
+}
+
 attnd_err attnd_client_dial(attnd_client *c, const char *url)
 {
     char err[256];
     attnd_err rv;
-    if (url == NULL || url[0] == '\0')
-        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial: empty url");
+    if (url == NULL) url = attnd_client_default_url();
+    if (url[0] == '\0') return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial: empty url");
     if (c->dialed)
         return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT, "dial %s: already dialed", url);
+    if (strlen(url) >= sizeof c->url)
+        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT,
+                                 "dial: url of %zu bytes is too long", strlen(url));
+    attnd_client_copy_str(c->url, sizeof c->url, url);
     if ((rv = attnd_client_socket_dial(c->socket, url, c->tls_ca_file, c->tls_server_name, err,
                                        sizeof err)) != ATTND_ERR_OK)
         return attnd_client_fail(c, rv, "dial %s: %s", url, err);
@@ -80,6 +93,11 @@ void attnd_client_set_spin(attnd_client *c, int32_t spin_us)
 const attnd_server_info *attnd_client_server(const attnd_client *c)
 {
     return c->have_server ? &c->server : NULL;
+}
+
+const char *attnd_client_url(const attnd_client *c)
+{
+    return c->url;
 }
 
 uint64_t attnd_client_session(const attnd_client *c)

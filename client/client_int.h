@@ -21,6 +21,7 @@ struct attnd_client {
     attnd_client_chan *chan; /* set and cleared only while no call is in flight */
     int dialed;
     int64_t shm_gid; /* group for shm objects (attnd_client_shm_group), -1 when none */
+    char url[512];   /* the last URL dialed (attnd_client_url) */
     char name[64];
     char token[256];
     char tls_ca_file[512];

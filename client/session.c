@@ -73,7 +73,7 @@ attnd_err attnd_client_connect(attnd_client *c, const char *url, attnd_server_in
     attnd_err rv;
     if ((rv = attnd_client_dial(c, url)) != ATTND_ERR_OK) return rv;
     if ((rv = attnd_client_hello(c, info)) != ATTND_ERR_OK) return rv;
-    if (strncmp(url, "ipc://", 6) == 0 && c->channel_slots >= 0) attnd_client_channel_connect(c);
+    if (strncmp(c->url, "ipc://", 6) == 0 && c->channel_slots >= 0) attnd_client_channel_connect(c);
     return ATTND_ERR_OK;
 }
 

@@ -214,10 +214,36 @@ static int run(daemon_ctx *d)
     return lrv == 0 ? 0 : 1;
 }
 
-static void usage(FILE *f)
+/* The whole text for --help; the synopsis alone after a bad command line. */
+static void usage(FILE *f, int full)
 {
     fprintf(f, "usage: attnd --config FILE [--check-config]\n"
-               "       attnd --version\n");
+               "       attnd --version | --help\n");
+    if (!full) {
+        fprintf(f, "(attnd --help describes the options)\n");
+        return;
+    }
+    fprintf(f,
+            "\n"
+            "attnd, an attention daemon: owns the paged KV cache of one model on one device and\n"
+            "serves batched attention to engine workers over NNG (ipc://, tcp://, tls+tcp://) and\n"
+            "same-host shared-memory channels.\n"
+            "\n"
+            "  -c, --config FILE   the JSON configuration (required): backend, device, server\n"
+            "                      (listen URL, tcp, TLS, token), geometry, limits, http, log;\n"
+            "                      every key is documented in attnd.schema.json (config/ in the\n"
+            "                      sources, share/attnd/ when installed)\n"
+            "  -k, --check-config  validate FILE, print \"attnd: FILE: ok\" and exit 0 (1 when it\n"
+            "                      is invalid, with the key and the value that are wrong)\n"
+            "  -v, --version       print the version and the protocol version, exit 0\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "Signals: SIGHUP re-reads FILE and applies its live keys (limits, server.token,\n"
+            "log); SIGTERM or SIGINT drains (requests already accepted are answered, for at most\n"
+            "server.drain_timeout_ms) and exits. Under systemd (Type=notify) it reports READY=1\n"
+            "and watchdog pings through $NOTIFY_SOCKET. Logs go to stderr as key=value lines.\n"
+            "Exit status: 0 after a stop, 1 when the configuration is invalid or start-up fails,\n"
+            "2 for a bad command line.\n");
 }
 
 int main(int argc, char **argv)
@@ -243,15 +269,15 @@ int main(int argc, char **argv)
             printf("attnd %s (protocol %d)\n", ATTND_VERSION_STRING, ATTND_PROTOCOL_VERSION);
             return 0;
         case 'h':
-            usage(stdout);
+            usage(stdout, 1);
             return 0;
         default:
-            usage(stderr);
+            usage(stderr, 0);
             return 2;
         }
     }
     if (d.config_path == NULL || optind != argc) {
-        usage(stderr);
+        usage(stderr, 0);
         return 2;
     }
     attnd_err rv = attnd_config_load_file(&d.cfg, d.config_path, err, sizeof err);

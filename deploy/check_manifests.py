@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Check deploy/: the Kubernetes manifests and the Containerfile say what the operations docs
 promise (probes on /healthz, non-root, the config from the ConfigMap, the socket in a shared
-host directory, multi-stage CUDA build), and every attnd config they carry is one the daemon
-accepts (`attnd --config FILE --check-config`, when --attnd is given).
+host directory, multi-stage CUDA build, the client library and headers installed into the image,
+OCI labels, a HEALTHCHECK kept by `podman build --format docker`), and every attnd config they
+carry is one the daemon accepts (`attnd --config FILE --check-config`, when --attnd is given).
+No container engine runs here: the Containerfile is read, build-image.sh runs against a
+stand-in engine.
 
 usage: check_manifests.py [--attnd BINARY] [DEPLOY_DIR]
 Exit 0 when every check passes, 1 otherwise, 77 (skipped) when PyYAML is missing.
@@ -158,6 +161,8 @@ def check_containerfile(deploy, attnd):
           "Containerfile: the socket directory is a volume")
     check(re.search(r"^RUN deploy/build-release.sh /src /build /out /meta ", text, re.M) is not None,
           "Containerfile: builds with deploy/build-release.sh (what deploy_release_build runs)")
+    check_image_contents(deploy, text)
+    check_labels(deploy, text)
     conf_path = os.path.join(deploy, "attnd.container.json")
     with open(os.path.join(deploy, "build-release.sh")) as f:
         check('"$src/deploy/attnd.container.json" "$out/etc/attnd/attnd.json"' in f.read(),
@@ -169,6 +174,72 @@ def check_containerfile(deploy, attnd):
           "the container's default config listens in the volume")
     if attnd:
         daemon_accepts(attnd, "deploy/attnd.container.json", conf_text)
+
+
+OCI_LABELS = ("title", "description", "version", "revision", "created", "source", "licenses")
+
+
+def project_version(deploy):
+    with open(os.path.join(deploy, "..", "CMakeLists.txt")) as f:
+        m = re.search(r"^project\(attnd VERSION ([0-9.]+)", f.read(), re.M)
+    return m.group(1) if m else None
+
+
+def check_image_contents(deploy, text):
+    """The image carries what `cmake --install` installs: the client library and headers too."""
+    with open(os.path.join(deploy, "build-release.sh")) as f:
+        release = f.read()
+    check('DESTDIR="$out" cmake --install "$build"' in release
+          and "-DCMAKE_INSTALL_PREFIX=/usr" in release,
+          "build-release.sh: cmake --install (prefix /usr) into the image's files")
+    check(all(t in release for t in ("attnd-client", "attnd_client_static", "usr/include/attnd/client.h",
+                                     "pkgconfig/attnd-client.pc", "cmake/attnd/attnd-config.cmake")),
+          "build-release.sh: builds both client libraries and checks the headers, .pc and CMake "
+          "package are in the image")
+    runtime = text[text.rindex("\nFROM "):]
+    copy = runtime.find("COPY --from=build /out/ /")
+    check(copy >= 0 and runtime.find("RUN ldconfig", copy) > copy,
+          "Containerfile: ldconfig after the installed files are copied in")
+
+
+def check_labels(deploy, text):
+    """OCI labels on the runtime image; HEALTHCHECK kept by building in the docker format."""
+    runtime = text[text.rindex("\nFROM "):].replace("\\\n", " ")
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', runtime))
+    for name in OCI_LABELS:
+        check(f"org.opencontainers.image.{name}" in labels,
+              f"Containerfile: label org.opencontainers.image.{name}")
+    version = project_version(deploy)
+    args = dict(re.findall(r"^ARG (\w+)=(\S*)", text, re.M))
+    check(version is not None and args.get("VERSION") == version,
+          f"Containerfile: ARG VERSION={args.get('VERSION')} is the project's version ({version})")
+    check(labels.get("org.opencontainers.image.version") == "${VERSION}",
+          "Containerfile: the version label is ARG VERSION")
+    if not check(re.search(r"^HEALTHCHECK ", text, re.M) is not None, "Containerfile: HEALTHCHECK"):
+        return
+    with open(os.path.join(deploy, "README.md")) as f:
+        readme = f.read()
+    check("podman build --format docker" in text and "podman build --format docker" in readme,
+          "Containerfile and README: podman builds with --format docker (keeps the HEALTHCHECK)")
+    check_build_image(deploy, version)
+
+
+def check_build_image(deploy, version):
+    """deploy/build-image.sh, run with a stand-in podman that prints its arguments."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = os.path.join(tmp, "podman")
+        with open(fake, "w") as f:
+            f.write('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+        os.chmod(fake, 0o755)
+        r = subprocess.run([os.path.join(deploy, "build-image.sh"), "-t", "attnd:test"],
+                           env=dict(os.environ, ATTND_IMAGE_ENGINE=fake), capture_output=True,
+                           text=True, timeout=60)
+    args = r.stdout.split("\n")
+    ok = r.returncode == 0 and args[:3] == ["build", "--format", "docker"]
+    check(ok, f"build-image.sh: podman build --format docker ({' '.join(args[:3])}{r.stderr.strip()})")
+    check(f"VERSION={version}" in args and "REVISION" in r.stdout and "CREATED=" in r.stdout
+          and os.path.realpath(os.path.join(deploy, "Containerfile")) in args,
+          "build-image.sh: passes the Containerfile and the version, revision and date labels")
 
 
 def main(argv):

@@ -30,60 +30,60 @@ typedef struct attend_data {
 static int parse_seqs(const char *s, attend_opts *o)
 {
     char *copy = strdup(s), *save = NULL;
+    size_t before = o->nseqs;
     int rc = ATTNCTL_OK;
+    if (copy == NULL) return attnctl_usage_error("attend", "--seqs: out of memory");
     for (char *tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         char *colon = strchr(tok, ':');
         uint64_t id, n;
         if (colon == NULL || o->nseqs == MAX_STEP_SEQS) {
-            rc = attnctl_usage_error("attend", "--seqs wants ID:N[,ID:N...] (at most %d)",
-                                     MAX_STEP_SEQS);
+            rc = colon == NULL ? attnctl_usage_error("attend", "--seqs: '%s' is not ID:N", tok)
+                               : attnctl_usage_error("attend", "--seqs: more than %d sequences",
+                                                     MAX_STEP_SEQS);
             break;
         }
         *colon = '\0';
         if (attnctl_parse_u64(tok, &id) != 0 || attnctl_parse_u64(colon + 1, &n) != 0 ||
             n > UINT32_MAX) {
-            rc = attnctl_usage_error("attend", "bad --seqs entry '%s:%s'", tok, colon + 1);
+            rc = attnctl_usage_error("attend", "--seqs: bad entry '%s:%s' (ID:N, numbers)", tok,
+                                     colon + 1);
             break;
         }
         o->seqs[o->nseqs].seq_id = id;
         o->seqs[o->nseqs++].new_tokens = (uint32_t)n;
     }
     free(copy);
+    if (rc == ATTNCTL_OK && o->nseqs == before)
+        rc = attnctl_usage_error("attend", "--seqs wants ID:N[,ID:N...], not '%s'", s);
     return rc;
 }
 
 static int parse_opts(int argc, char **argv, attend_opts *o)
 {
+    static const struct option longopts[] = {
+        {"seqs", required_argument, NULL, 's'},  {"layer", required_argument, NULL, 'l'},
+        {"dtype", required_argument, NULL, 'd'}, {"lse", required_argument, NULL, 'e'},
+        {"inline", no_argument, NULL, 'i'},      {NULL, 0, NULL, 0}};
     const char **pos[] = {&o->q, &o->k, &o->v, &o->out};
-    size_t npos = 0;
-    uint64_t v;
+    int c;
     memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = strcmp(a, "--seqs") == 0 || strcmp(a, "--layer") == 0 ||
-                    strcmp(a, "--dtype") == 0 || strcmp(a, "--lse") == 0;
-        if (takes && val == NULL) return attnctl_usage_error("attend", "%s needs a value", a);
-        if (strcmp(a, "--inline") == 0) {
-            o->use_inline = 1;
-        } else if (strcmp(a, "--seqs") == 0) {
-            if (parse_seqs(argv[++i], o) != ATTNCTL_OK) return ATTNCTL_USAGE;
-        } else if (strcmp(a, "--layer") == 0) {
-            if (attnctl_parse_u64(argv[++i], &v) != 0 || v > UINT32_MAX)
-                return attnctl_usage_error("attend", "bad --layer '%s'", val);
-            o->layer = (uint32_t)v;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (attnctl_parse_dtype(argv[++i], &o->dtype) != 0)
-                return attnctl_usage_error("attend", "unknown dtype '%s'", val);
-            o->have_dtype = 1;
-        } else if (strcmp(a, "--lse") == 0) {
-            o->lse = argv[++i];
-        } else if (a[0] == '-' || npos == 4) {
-            return attnctl_usage_error("attend", "unexpected argument '%s'", a);
-        } else {
-            *pos[npos++] = a;
-        }
+    while ((c = attnctl_getopt("attend", argc, argv, ":", longopts)) != -1) {
+        if (c == '?') return ATTNCTL_USAGE;
+        if (c == 'i') o->use_inline = 1;
+        if (c == 'e') o->lse = optarg;
+        if (c == 's' && parse_seqs(optarg, o) != ATTNCTL_OK) return ATTNCTL_USAGE;
+        if (c == 'l' && attnctl_opt_u32("attend", "--layer", optarg, &o->layer) != ATTNCTL_OK)
+            return ATTNCTL_USAGE;
+        if (c == 'd' && attnctl_parse_dtype(optarg, &o->dtype) != 0)
+            return attnctl_usage_error("attend", "--dtype: unknown dtype '%s' (f32, f16, bf16)",
+                                       optarg);
+        o->have_dtype |= c == 'd';
     }
-    if (npos != 4) return attnctl_usage_error("attend", "needs Q.npy K.npy V.npy OUT.npy");
+    if (argc - optind != 4)
+        return attnctl_usage_error("attend", "needs Q.npy K.npy V.npy OUT.npy (%d given)",
+                                   argc - optind);
+    for (int i = 0; i < 4; i++)
+        *pos[i] = argv[optind + i];
     return ATTNCTL_OK;
 }
 
@@ -259,7 +259,7 @@ int attnctl_cmd_attend(attnctl *ctl, int argc, char **argv)
     int rc;
     memset(&d, 0, sizeof d);
     memset(r, 0, sizeof r);
-    if ((rc = parse_opts(argc, argv, &o)) != ATTNCTL_OK) return rc;
+    if ((rc = parse_opts(argc, argv, &o)) != ATTNCTL_OK || ctl->check_only) return rc;
     if ((rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
     if ((rc = load_all(&o, &d)) != ATTNCTL_OK) goto out;
     if (o.nseqs == 0) {

@@ -1,110 +1,70 @@
-/* attnctl bench: decode steps against a running daemon; requests/s and latency percentiles. */
+/* attnctl bench: decode steps against a running daemon; requests/s and latency percentiles.
+ * Before the prefill: the daemon's free blocks are checked against what the run needs; during
+ * it, a progress line on stderr (a terminal, or --progress). */
 #include <pthread.h>
-#include <stddef.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "attnctl.h"
+#include "bench.h"
 
 #define SHM_ALIGN 64
-enum { KIND_BEGIN, KIND_ATTEND, KIND_END, NUM_KINDS };
-static const char *const kind_names[NUM_KINDS] = {"begin_step", "attend", "end_step"};
+/* a terminal shows the progress line only for a prefill longer than this (seconds) */
+#define PROGRESS_DELAY_S 0.5
 
-typedef struct bench_opts {
-    uint32_t seqs, context, steps, layers, clients, warmup;
-    int have_dtype, have_layers, use_inline, abort;
-    attnd_dtype dtype;
-} bench_opts;
-
-/* Latencies of one kind of request, in seconds. */
-typedef struct lat {
-    double *v;
-    size_t n, cap;
-} lat;
-
-typedef struct bench_worker {
-    const attnctl *ctl;
-    const bench_opts *o;
-    uint32_t index;
-    pthread_barrier_t *barrier;
-    attnd_client *c;
-    attnd_geometry g;
-    attnd_limits limits;
-    attnd_dtype dtype;
-    uint32_t layers;
-    attnd_shm shm;
-    attnd_ref q, k, v, out;
-    lat lat[NUM_KINDS];
-    double t0, t1;
-    int rc;
-    pthread_t thread;
-} bench_worker;
+/* The prefill's progress over every client; printed by whichever client advances it. */
+struct bench_progress {
+    int on, forced, tty;
+    uint64_t total;
+    _Atomic uint64_t done;
+    pthread_mutex_t mu;
+    double t0, last;
+    int shown;
+};
 
 /* ---------------------------------------------------------------- options */
 
-static int parse_u32(const char *opt, const char *val, uint32_t *out)
-{
-    uint64_t v;
-    if (val == NULL || attnctl_parse_u64(val, &v) != 0 || v > UINT32_MAX)
-        return attnctl_usage_error("bench", "%s needs a number", opt);
-    *out = (uint32_t)v;
-    return ATTNCTL_OK;
-}
-
 static int parse_opts(int argc, char **argv, bench_opts *o)
 {
-    static const struct {
-        const char *name;
-        size_t off;
-    } nums[] = {
-        {"--seqs", offsetof(bench_opts, seqs)},       {"--context", offsetof(bench_opts, context)},
-        {"--steps", offsetof(bench_opts, steps)},     {"--layers", offsetof(bench_opts, layers)},
-        {"--clients", offsetof(bench_opts, clients)}, {"--warmup", offsetof(bench_opts, warmup)},
-    };
+    static const struct option longopts[] = {
+        {"seqs", required_argument, NULL, 's'},    {"context", required_argument, NULL, 'x'},
+        {"steps", required_argument, NULL, 'n'},   {"layers", required_argument, NULL, 'l'},
+        {"clients", required_argument, NULL, 'c'}, {"warmup", required_argument, NULL, 'w'},
+        {"dtype", required_argument, NULL, 'd'},   {"inline", no_argument, NULL, 'i'},
+        {"abort", no_argument, NULL, 'a'},         {"json", no_argument, NULL, 'j'},
+        {"progress", no_argument, NULL, 'p'},      {NULL, 0, NULL, 0}};
+    static const char nums[] = "sxnlcw";
+    static const char *const num_names[] = {"--seqs",   "--context", "--steps",
+                                            "--layers", "--clients", "--warmup"};
+    uint32_t *num_of[] = {&o->seqs, &o->context, &o->steps, &o->layers, &o->clients, &o->warmup};
+    int c;
     *o = (bench_opts){.seqs = 4, .context = 256, .steps = 1000, .clients = 1, .warmup = 50};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        size_t k = 0;
-        for (; k < sizeof nums / sizeof nums[0] && strcmp(a, nums[k].name) != 0; k++) {
-        }
-        if (k < sizeof nums / sizeof nums[0]) {
-            if (parse_u32(a, val, (uint32_t *)((char *)o + nums[k].off)) != ATTNCTL_OK)
-                return ATTNCTL_USAGE;
-            o->have_layers |= strcmp(a, "--layers") == 0;
-            i++;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (val == NULL || attnctl_parse_dtype(val, &o->dtype) != 0)
-                return attnctl_usage_error("bench", "--dtype needs f32, f16 or bf16");
-            o->have_dtype = 1;
-            i++;
-        } else if (strcmp(a, "--inline") == 0) {
-            o->use_inline = 1;
-        } else if (strcmp(a, "--abort") == 0) {
-            o->abort = 1;
-        } else {
-            return attnctl_usage_error("bench", "unexpected argument '%s'", a);
-        }
+    while ((c = attnctl_getopt("bench", argc, argv, ":", longopts)) != -1) {
+        const char *num = strchr(nums, c);
+        if (c == '?') return ATTNCTL_USAGE;
+        if (num != NULL && attnctl_opt_u32("bench", num_names[num - nums], optarg,
+                                           num_of[num - nums]) != ATTNCTL_OK)
+            return ATTNCTL_USAGE;
+        if (c == 'd' && attnctl_parse_dtype(optarg, &o->dtype) != 0)
+            return attnctl_usage_error("bench", "--dtype: unknown dtype '%s' (f32, f16, bf16)",
+                                       optarg);
+        o->have_dtype |= c == 'd';
+        o->have_layers |= c == 'l';
+        o->use_inline |= c == 'i';
+        o->abort |= c == 'a';
+        o->json |= c == 'j';
+        o->progress |= c == 'p';
     }
+    if (optind < argc)
+        return attnctl_usage_error("bench", "unexpected argument '%s'", argv[optind]);
     if (o->seqs == 0 || o->steps == 0 || o->clients == 0)
         return attnctl_usage_error("bench", "--seqs, --steps and --clients must be > 0");
     return ATTNCTL_OK;
 }
 
 /* ---------------------------------------------------------------- one client's run */
-
-static int lat_init(lat *l, size_t cap)
-{
-    l->v = calloc(cap > 0 ? cap : 1, sizeof *l->v);
-    l->n = 0;
-    l->cap = cap;
-    return l->v != NULL ? 0 : -1;
-}
-
-static void lat_add(lat *l, double s)
-{
-    if (l->n < l->cap) l->v[l->n++] = s;
-}
 
 static int worker_fail(bench_worker *w, const char *what, attnd_err rv)
 {
@@ -158,7 +118,7 @@ static int worker_setup(bench_worker *w, int64_t *max_rows)
     if ((rv = attnd_client_alloc(&w->c, &opts)) != ATTND_ERR_OK)
         return worker_fail(w, "client", rv);
     if ((rv = attnd_client_set_tls(w->c, w->ctl->tls_ca, NULL)) != ATTND_ERR_OK ||
-        (rv = attnd_client_connect(w->c, w->ctl->url, &si)) != ATTND_ERR_OK)
+        (rv = attnd_client_connect(w->c, w->url, &si)) != ATTND_ERR_OK)
         return worker_fail(w, "connect", rv);
     w->g = si.geometry;
     w->limits = si.limits;
@@ -188,7 +148,7 @@ static int worker_setup(bench_worker *w, int64_t *max_rows)
 
 /* One step: begin, attend every layer, end; latencies recorded when lats != NULL. */
 static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64_t rows, int abort,
-                    lat *lats)
+                    bench_lat *lats)
 {
     attnd_step step;
     attnd_err rv;
@@ -198,7 +158,7 @@ static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64
         return worker_fail(w, "begin_step", rv);
     if (lats != NULL) {
         t2 = attnctl_now();
-        lat_add(&lats[KIND_BEGIN], t2 - t);
+        attnctl_lat_add(&lats[KIND_BEGIN], t2 - t);
         t = t2;
     }
     for (uint32_t l = 0; l < w->layers; l++) {
@@ -210,13 +170,13 @@ static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64
         }
         if (lats != NULL) {
             t2 = attnctl_now();
-            lat_add(&lats[KIND_ATTEND], t2 - t);
+            attnctl_lat_add(&lats[KIND_ATTEND], t2 - t);
             t = t2;
         }
     }
     if ((rv = attnd_client_step_end(w->c, step.id, abort)) != ATTND_ERR_OK)
         return worker_fail(w, "end_step", rv);
-    if (lats != NULL) lat_add(&lats[KIND_END], attnctl_now() - t);
+    if (lats != NULL) attnctl_lat_add(&lats[KIND_END], attnctl_now() - t);
     return ATTNCTL_OK;
 }
 
@@ -224,6 +184,55 @@ static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64
 static uint64_t seq_id_of(const bench_worker *w, uint32_t s)
 {
     return ((uint64_t)w->index << 32) + s + 1;
+}
+
+/* ---------------------------------------------------------------- progress */
+
+static void progress_init(bench_progress *p, const bench_opts *o)
+{
+    memset(p, 0, sizeof *p);
+    p->tty = isatty(STDERR_FILENO);
+    p->forced = o->progress;
+    p->on = p->forced || p->tty;
+    p->total = (uint64_t)o->clients * o->seqs * o->context;
+    atomic_init(&p->done, 0);
+    pthread_mutex_init(&p->mu, NULL);
+    p->t0 = p->last = attnctl_now();
+}
+
+/* Print the line (under p->mu): on a terminal redrawn in place, else one line each time. */
+static void progress_print(bench_progress *p, uint64_t done, double now)
+{
+    int final = done == p->total;
+    fprintf(stderr, "%sattnctl: bench: prefill %llu of %llu tokens (%.0f%%), %.1f s%s",
+            p->tty ? "\r" : "", (unsigned long long)done, (unsigned long long)p->total,
+            100.0 * (double)done / (double)p->total, now - p->t0,
+            final || !p->tty ? "\n" : "\033[K");
+    p->shown = 1;
+    p->last = now;
+}
+
+/* n more tokens prefilled. On a terminal the line appears once the prefill has taken
+ * PROGRESS_DELAY_S and is redrawn every 0.1 s; --progress prints it from the start (a line a
+ * second when stderr is not a terminal) and always ends with the final line. */
+static void progress_add(bench_progress *p, uint64_t n)
+{
+    uint64_t done = atomic_fetch_add(&p->done, n) + n;
+    int final = done == p->total, show;
+    double now;
+    if (!p->on) return;
+    if (final)
+        pthread_mutex_lock(&p->mu); /* the one that finishes prints the last line */
+    else if (pthread_mutex_trylock(&p->mu) != 0)
+        return;
+    now = attnctl_now();
+    if (final)
+        show = p->forced || p->shown;
+    else
+        show = now - p->t0 >= (p->forced ? 0 : PROGRESS_DELAY_S) &&
+               (!p->shown || now - p->last >= (p->tty ? 0.1 : 1.0));
+    if (show) progress_print(p, done, now);
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Create the sequences and prefill each with the context, in chunks of at most max_rows. */
@@ -240,6 +249,7 @@ static int worker_prefill(bench_worker *w, attnd_step_seq *seqs, int64_t max_row
             if (chunk > max_rows) chunk = (uint32_t)max_rows;
             attnd_step_seq one = {seqs[s].seq_id, chunk};
             if ((rc = run_step(w, &one, 1, chunk, 0, NULL)) != ATTNCTL_OK) return rc;
+            progress_add(w->progress, chunk);
             done += chunk;
         }
         seqs[s].new_tokens = 1;
@@ -253,7 +263,8 @@ static int worker_run(bench_worker *w)
     int64_t max_rows = 0;
     int rc = seqs == NULL ? ATTNCTL_FAILED : worker_setup(w, &max_rows);
     for (int k = 0; rc == ATTNCTL_OK && k < NUM_KINDS; k++)
-        if (lat_init(&w->lat[k], (size_t)w->o->steps * (k == KIND_ATTEND ? w->layers : 1)) != 0)
+        if (attnctl_lat_init(&w->lat[k],
+                             (size_t)w->o->steps * (k == KIND_ATTEND ? w->layers : 1)) != 0)
             rc = worker_fail(w, "latencies", ATTND_ERR_NO_MEMORY);
     if (rc == ATTNCTL_OK) rc = worker_prefill(w, seqs, max_rows);
     for (uint32_t i = 0; rc == ATTNCTL_OK && i < w->o->warmup; i++)
@@ -274,72 +285,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* ---------------------------------------------------------------- report */
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pct(const lat *l, double p)
-{
-    size_t i;
-    if (l->n == 0) return 0;
-    i = (size_t)(p * (double)(l->n - 1) + 0.5);
-    return l->v[i];
-}
-
-/* Merge every worker's latencies of kind k (kind NUM_KINDS = all) into out, sorted. */
-static int merge_lat(const bench_worker *ws, uint32_t n, int k, lat *out)
-{
-    size_t total = 0;
-    for (uint32_t i = 0; i < n; i++)
-        for (int j = 0; j < NUM_KINDS; j++)
-            if (k == NUM_KINDS || k == j) total += ws[i].lat[j].n;
-    if (lat_init(out, total) != 0) return -1;
-    for (uint32_t i = 0; i < n; i++)
-        for (int j = 0; j < NUM_KINDS; j++)
-            if (k == NUM_KINDS || k == j)
-                for (size_t e = 0; e < ws[i].lat[j].n; e++)
-                    lat_add(out, ws[i].lat[j].v[e]);
-    qsort(out->v, out->n, sizeof *out->v, cmp_double);
-    return 0;
-}
-
-static void report(const bench_opts *o, const bench_worker *ws)
-{
-    const attnd_geometry *g = &ws[0].g;
-    double t0 = ws[0].t0, t1 = ws[0].t1, wall;
-    size_t all = 0, attends = 0;
-    for (uint32_t i = 1; i < o->clients; i++) {
-        t0 = ws[i].t0 < t0 ? ws[i].t0 : t0;
-        t1 = ws[i].t1 > t1 ? ws[i].t1 : t1;
-    }
-    wall = t1 - t0 > 0 ? t1 - t0 : 1e-9;
-    printf("bench: %u layer(s) of %u, %u q / %u kv heads, head %u, block %u, cache %s\n",
-           ws[0].layers, g->num_layers, g->num_q_heads, g->num_kv_heads, g->head_size,
-           g->block_size, attnd_dtype_name(g->cache_dtype));
-    printf("       %u client(s) x %u seqs x 1 token per step, context %u (+%u steps%s), %s via "
-           "%s, %u steps (+%u warmup)\n",
-           o->clients, o->seqs, o->context, o->steps, o->abort ? ", aborted" : "",
-           attnd_dtype_name(ws[0].dtype), o->use_inline ? "inline" : "shm", o->steps, o->warmup);
-    printf("%-12s %8s %10s %10s %10s %10s\n", "request", "count", "p50 us", "p90 us", "p99 us",
-           "max us");
-    for (int k = 0; k <= NUM_KINDS; k++) {
-        lat m;
-        if (merge_lat(ws, o->clients, k, &m) != 0) return;
-        printf("%-12s %8zu %10.1f %10.1f %10.1f %10.1f\n", k < NUM_KINDS ? kind_names[k] : "all",
-               m.n, pct(&m, 0.5) * 1e6, pct(&m, 0.9) * 1e6, pct(&m, 0.99) * 1e6,
-               m.n ? m.v[m.n - 1] * 1e6 : 0.0);
-        if (k == KIND_ATTEND) attends = m.n;
-        if (k == NUM_KINDS) all = m.n;
-        free(m.v);
-    }
-    printf("throughput:  %.0f requests/s (attend %.0f/s), %.0f steps/s, %.3f s\n",
-           (double)all / wall, (double)attends / wall, (double)o->steps * o->clients / wall, wall);
-}
-
 /* ---------------------------------------------------------------- command */
 
 static void worker_cleanup(bench_worker *w)
@@ -353,32 +298,89 @@ static void worker_cleanup(bench_worker *w)
     attnd_client_free(w->c);
 }
 
+/* What the decode steps add to each sequence, in words. */
+static const char *steps_kept(const bench_opts *o, char *buf, size_t n)
+{
+    if (o->abort) return "1 slot, --abort";
+    snprintf(buf, n, "--warmup %u + --steps %u", o->warmup, o->steps);
+    return buf;
+}
+
+/* The blocks the run needs (every sequence of every client holds its context plus one slot per
+ * step kept) against the daemon's free blocks: a clear error before any prefill. */
+static int check_capacity(attnctl *ctl, const bench_opts *o)
+{
+    char kept[64];
+    attnd_status st;
+    attnd_err rv;
+    if ((rv = attnd_client_status(ctl->c, &st)) != ATTND_ERR_OK)
+        return attnctl_fail(ctl, "bench: status", rv);
+    const attnd_geometry *g = &st.geometry;
+    uint64_t bs = g->block_size > 0 ? g->block_size : 1;
+    uint64_t tokens = (uint64_t)o->context + (o->abort ? 1 : (uint64_t)o->warmup + o->steps);
+    uint64_t per_seq = (tokens + bs - 1) / bs, need = per_seq * o->seqs * o->clients;
+    if (g->max_blocks_per_seq > 0 && per_seq > g->max_blocks_per_seq) {
+        fprintf(stderr,
+                "attnctl: bench: a sequence of %llu tokens (--context %u + %s) needs %llu blocks "
+                "of %llu tokens; the daemon allows %u per sequence: lower --context%s\n",
+                (unsigned long long)tokens, o->context, steps_kept(o, kept, sizeof kept),
+                (unsigned long long)per_seq, (unsigned long long)bs, g->max_blocks_per_seq,
+                o->abort ? "" : " or --steps, or --abort");
+        return ATTNCTL_FAILED;
+    }
+    if (need > st.blocks_free) {
+        fprintf(stderr,
+                "attnctl: bench: %u client(s) x %u seqs x %llu tokens need %llu blocks of %llu "
+                "tokens; the daemon has %u free of %u: lower --clients, --seqs, --context or "
+                "--steps (--abort keeps the context fixed)\n",
+                o->clients, o->seqs, (unsigned long long)tokens, (unsigned long long)need,
+                (unsigned long long)bs, st.blocks_free, g->num_blocks);
+        return ATTNCTL_FAILED;
+    }
+    return ATTNCTL_OK;
+}
+
+static void start_workers(attnctl *ctl, const bench_opts *o, bench_worker *ws,
+                          pthread_barrier_t *barrier, bench_progress *progress)
+{
+    for (uint32_t i = 0; i < o->clients; i++) {
+        ws[i].ctl = ctl;
+        ws[i].url = attnd_client_url(ctl->c);
+        ws[i].o = o;
+        ws[i].index = i;
+        ws[i].barrier = barrier;
+        ws[i].progress = progress;
+        if (pthread_create(&ws[i].thread, NULL, worker_main, &ws[i]) != 0) {
+            /* the others would wait at the barrier for it forever */
+            fprintf(stderr, "attnctl: bench: cannot start client thread %u\n", i);
+            exit(ATTNCTL_FAILED);
+        }
+    }
+}
+
 int attnctl_cmd_bench(attnctl *ctl, int argc, char **argv)
 {
     bench_opts o;
     bench_worker *ws;
+    bench_progress progress;
     pthread_barrier_t barrier;
     int rc;
-    if ((rc = parse_opts(argc, argv, &o)) != ATTNCTL_OK) return rc;
+    if ((rc = parse_opts(argc, argv, &o)) != ATTNCTL_OK || ctl->check_only) return rc;
+    if ((rc = check_capacity(ctl, &o)) != ATTNCTL_OK) return rc;
     if ((ws = calloc(o.clients, sizeof *ws)) == NULL)
         return attnctl_fail(ctl, "bench", ATTND_ERR_NO_MEMORY);
+    progress_init(&progress, &o);
     pthread_barrier_init(&barrier, NULL, o.clients);
-    for (uint32_t i = 0; i < o.clients; i++) {
-        ws[i].ctl = ctl;
-        ws[i].o = &o;
-        ws[i].index = i;
-        ws[i].barrier = &barrier;
-        pthread_create(&ws[i].thread, NULL, worker_main, &ws[i]);
-    }
-    rc = ATTNCTL_OK;
+    start_workers(ctl, &o, ws, &barrier, &progress);
     for (uint32_t i = 0; i < o.clients; i++) {
         pthread_join(ws[i].thread, NULL);
         if (ws[i].rc != ATTNCTL_OK) rc = ws[i].rc;
     }
-    if (rc == ATTNCTL_OK) report(&o, ws);
+    if (rc == ATTNCTL_OK) rc = attnctl_bench_report(&o, ws);
     for (uint32_t i = 0; i < o.clients; i++)
         worker_cleanup(&ws[i]);
     pthread_barrier_destroy(&barrier);
+    pthread_mutex_destroy(&progress.mu);
     free(ws);
     return rc;
 }

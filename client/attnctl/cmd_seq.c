@@ -23,6 +23,7 @@ int attnctl_cmd_seqs(attnctl *ctl, int argc, char **argv)
     int rc;
     (void)argv;
     if (argc != 1) return attnctl_usage_error("seqs", "takes no arguments");
+    if (ctl->check_only) return ATTNCTL_OK;
     if ((rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
     /* Ask for the count, then for all of them (the list may grow in between: ask again). */
     do {
@@ -53,6 +54,20 @@ static int parse_ids(const char *cmd, int argc, char **argv, uint64_t *ids)
 }
 
 /* create / free: one request per id, stop at the first failure. */
+static int send_per_id(attnctl *ctl, const char *cmd, const uint64_t *ids, int n, int create)
+{
+    int rc = attnctl_session(ctl);
+    for (int i = 0; rc == ATTNCTL_OK && i < n; i++) {
+        attnd_err rv = create ? attnd_client_seq_create(ctl->c, ids[i], NULL)
+                              : attnd_client_seq_free(ctl->c, ids[i]);
+        if (rv != ATTND_ERR_OK)
+            rc = attnctl_fail(ctl, cmd, rv);
+        else
+            printf("%s %llu\n", create ? "created" : "freed", (unsigned long long)ids[i]);
+    }
+    return rc;
+}
+
 static int per_id(attnctl *ctl, int argc, char **argv, int create)
 {
     uint64_t *ids;
@@ -60,15 +75,8 @@ static int per_id(attnctl *ctl, int argc, char **argv, int create)
     if (argc < 2) return attnctl_usage_error(argv[0], "needs at least one sequence id");
     if ((ids = calloc((size_t)argc, sizeof *ids)) == NULL)
         return attnctl_fail(ctl, argv[0], ATTND_ERR_NO_MEMORY);
-    if ((rc = parse_ids(argv[0], argc, argv, ids)) == ATTNCTL_OK) rc = attnctl_session(ctl);
-    for (int i = 0; rc == ATTNCTL_OK && i < argc - 1; i++) {
-        attnd_err rv = create ? attnd_client_seq_create(ctl->c, ids[i], NULL)
-                              : attnd_client_seq_free(ctl->c, ids[i]);
-        if (rv != ATTND_ERR_OK)
-            rc = attnctl_fail(ctl, argv[0], rv);
-        else
-            printf("%s %llu\n", create ? "created" : "freed", (unsigned long long)ids[i]);
-    }
+    rc = parse_ids(argv[0], argc, argv, ids);
+    if (rc == ATTNCTL_OK && !ctl->check_only) rc = send_per_id(ctl, argv[0], ids, argc - 1, create);
     free(ids);
     return rc;
 }
@@ -90,7 +98,7 @@ int attnctl_cmd_fork(attnctl *ctl, int argc, char **argv)
     attnd_err rv;
     int rc;
     if (argc != 3) return attnctl_usage_error("fork", "needs PARENT and CHILD");
-    if ((rc = parse_ids("fork", argc, argv, ids)) != ATTNCTL_OK) return rc;
+    if ((rc = parse_ids("fork", argc, argv, ids)) != ATTNCTL_OK || ctl->check_only) return rc;
     if ((rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
     if ((rv = attnd_client_seq_fork(ctl->c, ids[0], ids[1], &info)) != ATTND_ERR_OK)
         return attnctl_fail(ctl, "fork", rv);
@@ -106,7 +114,7 @@ int attnctl_cmd_query(attnctl *ctl, int argc, char **argv)
     attnd_err rv;
     int rc;
     if (argc != 2) return attnctl_usage_error("query", "needs one sequence id");
-    if ((rc = parse_ids("query", argc, argv, &id)) != ATTNCTL_OK) return rc;
+    if ((rc = parse_ids("query", argc, argv, &id)) != ATTNCTL_OK || ctl->check_only) return rc;
     if ((rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
     if ((rv = attnd_client_seq_query(ctl->c, id, &info)) != ATTND_ERR_OK)
         return attnctl_fail(ctl, "query", rv);

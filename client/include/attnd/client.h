@@ -22,6 +22,11 @@
  * hand-offs; the caller spins for its reply, then sleeps on a futex. Every other call, and all
  * of them when the channel could not be opened, takes the socket; results are the same.
  *
+ * Environment: $ATTND_URL is the daemon's address when a NULL url is dialed (else
+ * ATTND_CLIENT_DEFAULT_URL, ipc:///tmp/attnd.sock); $ATTND_TOKEN the Hello token when
+ * attnd_client_opts.token is NULL or empty. Both are read when used (dial, alloc); an explicit
+ * url or token wins.
+ *
  * Tensors travel by reference (attnd_ref): a region registered with the daemon plus an offset,
  * usually a POSIX shared-memory object made by attnd_client_shm_create, or INLINE (the bytes ride
  * in the message; an inline output is copied back from the reply into the caller's buffer).
@@ -47,6 +52,9 @@ extern "C" {
 
 /* Hello.protocol_version this client speaks. */
 #define ATTND_CLIENT_PROTOCOL_VERSION 1
+/* The daemon's address when attnd_client_dial / attnd_client_connect get a NULL url and
+ * $ATTND_URL is unset or empty (the default config's socket). */
+#define ATTND_CLIENT_DEFAULT_URL "ipc:///tmp/attnd.sock"
 /* Send + receive budget of one call when attnd_client_opts.timeout_ms is 0. */
 #define ATTND_CLIENT_DEFAULT_TIMEOUT_MS 10000
 /* Slots of the shared-memory channel when attnd_client_opts.channel_slots is 0: calls that can
@@ -62,7 +70,8 @@ typedef struct attnd_client attnd_client;
 
 typedef struct attnd_client_opts {
     const char *name;   /* Hello.client_name; NULL = "attnd-client" */
-    const char *token;  /* Hello.token, when the daemon requires one; NULL = none */
+    const char *token;  /* Hello.token, when the daemon requires one; NULL or "" = $ATTND_TOKEN
+                           (none when that is unset or empty) */
     int32_t timeout_ms; /* per call; 0 = ATTND_CLIENT_DEFAULT_TIMEOUT_MS, -1 = wait forever */
     /* same-host shared-memory channel, opened by attnd_client_connect for ipc:// URLs: 0 =
      * default (ATTND_CLIENT_DEFAULT_CHANNEL_SLOTS = 8), -1 = never */
@@ -169,7 +178,8 @@ typedef struct attnd_shm {
 
 /* ---------------------------------------------------------------- client and session */
 
-/* Allocate a client (opts may be NULL). NO_MEMORY or UNAVAILABLE (NNG socket) on failure. */
+/* Allocate a client (opts may be NULL: defaults, the token from $ATTND_TOKEN). NO_MEMORY or
+ * UNAVAILABLE (NNG socket) on failure. */
 ATTND_CLIENT_API attnd_err attnd_client_alloc(attnd_client **c, const attnd_client_opts *opts);
 /* Close the socket and free the client (NULL is ignored). Regions made with
  * attnd_client_shm_create must be destroyed first; the daemon reclaims the session's sequences
@@ -182,18 +192,25 @@ ATTND_CLIENT_API void attnd_client_free(attnd_client *c);
  * copied. INVALID_ARGUMENT when too long. */
 ATTND_CLIENT_API attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_file,
                                                 const char *server_name);
-/* Dial "ipc:///path", "tcp://host:port" or "tls+tcp://host:port" (synchronous). UNAVAILABLE if
- * nothing listens there (or the TLS handshake fails), INVALID_ARGUMENT for a malformed URL or a
- * tls+tcp:// URL without a CA (attnd_client_set_tls). */
+/* Dial "ipc:///path", "tcp://host:port" or "tls+tcp://host:port" (synchronous); url NULL =
+ * attnd_client_default_url() ($ATTND_URL, else ATTND_CLIENT_DEFAULT_URL). UNAVAILABLE if
+ * nothing listens there (or the TLS handshake fails), INVALID_ARGUMENT for an empty or malformed
+ * URL or a tls+tcp:// URL without a CA (attnd_client_set_tls). */
 ATTND_CLIENT_API attnd_err attnd_client_dial(attnd_client *c, const char *url);
 /* Send Hello and open a session; info (may be NULL) receives the reply, which the client also
  * keeps (attnd_client_server). */
 ATTND_CLIENT_API attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info);
-/* attnd_client_dial then attnd_client_hello; for an ipc:// URL then also
- * attnd_client_channel_open (unless opts.channel_slots is -1). A channel that cannot be opened
- * does not fail the connect: calls take the socket, and attnd_client_channel_error says why. */
+/* attnd_client_dial (url NULL: $ATTND_URL, else the default) then attnd_client_hello; for an
+ * ipc:// URL then also attnd_client_channel_open (unless opts.channel_slots is -1). A channel
+ * that cannot be opened does not fail the connect: calls take the socket, and
+ * attnd_client_channel_error says why. */
 ATTND_CLIENT_API attnd_err attnd_client_connect(attnd_client *c, const char *url,
                                                 attnd_server_info *info);
+/* $ATTND_URL when set and not empty, else ATTND_CLIENT_DEFAULT_URL: what a NULL url dials. */
+ATTND_CLIENT_API const char *attnd_client_default_url(void);
+/* The URL of the last attnd_client_dial, also when it failed ("" before any): the one a NULL
+ * url resolved to. */
+ATTND_CLIENT_API const char *attnd_client_url(const attnd_client *c);
 /* The HelloReply of the open session, or NULL before attnd_client_hello succeeded. */
 ATTND_CLIENT_API const attnd_server_info *attnd_client_server(const attnd_client *c);
 /* The session id (0 before Hello). */
