@@ -80,6 +80,8 @@ attnd_err attnd_handles_map_shm(attnd_region *r, attnd_shmguard *guard, uint32_t
     r->base = base;
     r->size = size;
     r->fd = fd;
+    r->obj_dev = (uint64_t)st.st_dev;
+    r->obj_ino = (uint64_t)st.st_ino;
     snprintf(r->name, sizeof r->name, "%s", name);
     return ATTND_ERR_OK;
 fail:
@@ -392,6 +394,49 @@ static attnd_err note_host_view(attnd_handles_req *hr, void *host, uint64_t byte
     return ATTND_ERR_OK;
 }
 
+/* ---------------------------------------------------------------- overlap */
+
+static int spans_meet(const attnd_view_span *a, const attnd_view_span *b)
+{
+    return a->mem_dev == b->mem_dev && a->mem_ino == b->mem_ino && a->lo < b->hi && b->lo < a->hi;
+}
+
+/* Record the client memory a region view spans; refuse it when it or an earlier view is an
+ * output and they share a byte. INLINE views are daemon memory of their own: never shared. */
+static attnd_err note_span(attnd_handles_req *hr, const Attnd__TensorRef *ref,
+                           const attnd_tref_spec *sp, uint64_t bytes, char *err, size_t n)
+{
+    const attnd_region *r = ref->region ? find_region(hr, ref->region) : NULL;
+    if (r == NULL || bytes == 0) return ATTND_ERR_OK;
+    if (hr->nspans == ATTND_HANDLES_MAX_VIEWS)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "%s: more than %d tensors", sp->field,
+                          ATTND_HANDLES_MAX_VIEWS);
+    int dev = r->kind == ATTND__REGION_KIND__CUDA_IPC;
+    uint64_t base = dev ? (uint64_t)(uintptr_t)r->base : 0;
+    attnd_view_span v = {sp->field,
+                         sp->output,
+                         r->id,
+                         dev ? 0 : r->obj_dev,
+                         dev ? 0 : r->obj_ino,
+                         base + ref->offset,
+                         base + ref->offset + bytes,
+                         ref->offset};
+    for (uint32_t i = 0; i < hr->nspans; i++) {
+        const attnd_view_span *o = &hr->spans[i];
+        if ((o->output || v.output) && spans_meet(o, &v))
+            return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                              "%s: bytes %llu..%llu of region %u overlap %s (bytes %llu..%llu of "
+                              "region %u): an output may not share memory with another tensor "
+                              "of the request",
+                              v.field, (unsigned long long)v.offset,
+                              (unsigned long long)(v.offset + bytes), v.region, o->field,
+                              (unsigned long long)o->offset,
+                              (unsigned long long)(o->offset + (o->hi - o->lo)), o->region);
+    }
+    hr->spans[hr->nspans++] = v;
+    return ATTND_ERR_OK;
+}
+
 attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
                                 const attnd_tref_spec *sp, attnd_tensor *t, char *err, size_t n)
 {
@@ -411,6 +456,7 @@ attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *r
         rv = place_inline(hr, ref, sp, bytes, t, err, n);
     else
         rv = place_region(hr, ref, sp, bytes, t, err, n);
+    if (rv == ATTND_ERR_OK) rv = note_span(hr, ref, sp, bytes, err, n);
     if (rv == ATTND_ERR_OK && bytes > 0 && (ref->region == 0 || view_in_host(hr, ref->region)))
         rv = note_host_view(hr, t->data, bytes, sp, err, n);
     /* an empty view still needs a non-NULL pointer: NULL means "absent" to the kernels */
