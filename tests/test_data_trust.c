@@ -2,14 +2,22 @@
  * real daemon (cpu backend) over its socket and its shared-memory channel:
  *   - an output that overlaps any other tensor of its request is refused, naming both, for
  *     every op (Attend, merge, varlen, block-sparse, linear prefill and decode), in one region
- *     or in two regions mapping the same object; neighbours that only touch are fine. */
+ *     or in two regions mapping the same object; neighbours that only touch are fine;
+ *   - a client thread flipping cu_seqlens / layout values (negative, out of range, shifted onto
+ *     another session's memory) and scribbling on outputs while varlen and block-sparse
+ *     requests run: the daemon stays up, every reply is OK or INVALID_ARGUMENT, an OK output is
+ *     the right one, and another session's region is never written.
+ * The race runs again against a daemon built with ASan + UBSan (tests/sanitize_race.sh). */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon_proc.h"
@@ -24,6 +32,13 @@
     " \"max_blocks_per_seq\": 32},"                                                                \
     " \"linear\": {\"slots\": 4, \"heads\": 2, \"head_dim\": 32},"                                 \
     " \"log\": {\"level\": \"error\", \"stats_interval_s\": 0}}"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static attnd_client *connect_opts(const attnd_daemon_proc *d, int channel)
 {
@@ -385,6 +400,151 @@ Test(data_trust, outputs_overlapping_other_tensors_are_refused, .timeout = 120)
     attnd_client_shm_destroy(c, &io);
     attnd_client_shm_destroy(c, &other);
     attnd_client_free(c);
+    free(x);
+    cr_assert_eq(attnd_daemon_stop(&d), 0, "daemon exit status");
+}
+
+/* ---------------------------------------------------------------- item 3: values flipped */
+
+/* The flipping client thread: over and over, one bad value (or a scribble over out) for a
+ * moment, then the good value again. */
+typedef struct flipper {
+    vl *x;
+    atomic_int stop;
+    atomic_int scribble; /* also write garbage over out */
+    int64_t shift_rows;  /* (cu[0], cu[1]) = (shift, shift + T): out rows far past the region */
+    long flips;
+    pthread_t thread;
+} flipper;
+
+static void spin(int n)
+{
+    for (volatile int i = 0; i < n; i++) {
+    }
+}
+
+static void flip_once(flipper *f, int kind)
+{
+    vl *x = f->x;
+    volatile int32_t *cq = at(x, VCQ), *ck = at(x, VCK), *cr = at(x, VCR), *cl = at(x, VCL);
+    switch (kind) {
+    case 0:
+        cq[0] = -1000000;
+        break;
+    case 1:
+        cq[0] = (int32_t)f->shift_rows, cq[1] = (int32_t)f->shift_rows + VT;
+        break;
+    case 2:
+        ck[2] = -5;
+        break;
+    case 3:
+        cl[3] = -7;
+        break;
+    case 4:
+        cl[COLS + 1] = 1 << 20;
+        break;
+    case 5:
+        cr[1] = -3;
+        break;
+    default:
+        cr[ROWS + 1 + ROWS] = 1 << 24;
+        break;
+    }
+    spin(200 + kind * 50);
+    vl_write_indices(x);
+    if (atomic_load(&f->scribble)) memset(at(x, VO), kind * 17, VOUT * 4);
+    spin(100);
+}
+
+static void *flip_loop(void *arg)
+{
+    flipper *f = arg;
+    for (int kind = 0; !atomic_load(&f->stop); kind = (kind + 1) % 7, f->flips++)
+        flip_once(f, kind);
+    vl_write_indices(f->x);
+    return NULL;
+}
+
+typedef struct race_counts {
+    long ok, refused, checked;
+    double worst;
+    char failure[640]; /* the first broken promise, "" if none */
+} race_counts;
+
+/* Requests for ms milliseconds while f flips: OK or INVALID_ARGUMENT only; OK outputs right
+ * unless out is being scribbled on. Stops at the first failure (asserted once f stopped). */
+static void race(attnd_client *c, flipper *f, int64_t ms, race_counts *n)
+{
+    vl *x = f->x;
+    int64_t end = now_ms() + ms;
+    for (long i = 0; now_ms() < end && !n->failure[0]; i++) {
+        int bs = i % 2;
+        const char *what = bs ? "blocksparse" : "varlen";
+        attnd_err rv = bs ? vl_blocksparse(c, x, &x->out) : vl_varlen(c, x, &x->out);
+        if (rv != ATTND_ERR_OK && rv != ATTND_ERR_INVALID_ARGUMENT)
+            snprintf(n->failure, sizeof n->failure, "request %ld (%s) under flipping: %s: %s", i,
+                     what, attnd_err_name(rv), attnd_client_last_error(c));
+        if (rv != ATTND_ERR_OK) {
+            n->refused++;
+            continue;
+        }
+        n->ok++;
+        if (atomic_load(&f->scribble)) continue;
+        double e = vl_err(x, bs ? x->want_bs : x->want_varlen);
+        n->checked++;
+        n->worst = fmax(n->worst, e);
+        if (!(e <= 1e-5))
+            snprintf(n->failure, sizeof n->failure,
+                     "request %ld (%s) answered OK with a wrong output (err %.3g)", i, what, e);
+    }
+}
+
+static long race_ms(void)
+{
+    const char *s = getenv("ATTND_RACE_MS");
+    return s ? atol(s) : 1500;
+}
+
+Test(data_trust, index_values_flipped_during_requests, .timeout = 180)
+{
+    attnd_daemon_proc d;
+    attnd_status st;
+    vl *x = calloc(1, sizeof *x);
+    race_counts n = {0};
+    attnd_test_daemon_start(&d, CONFIG);
+    /* another session's region, mapped by the daemon before the racer's (so that it lies just
+     * above it in the daemon's address space), filled with a pattern nobody may change */
+    attnd_client *victim = connect_opts(&d, 0);
+    attnd_shm vs;
+    cr_assert_eq(attnd_client_shm_create(victim, 4 << 20, &vs), ATTND_ERR_OK);
+    memset(vs.base, 0x5a, vs.size);
+    attnd_client *c = connect_opts(&d, 0);
+    vl_init(x, c, 12);
+    flipper f = {.x = x, .shift_rows = (int64_t)(x->shm.size / (VH * VD * 4)) + 64};
+    cr_assert_eq(pthread_create(&f.thread, NULL, flip_loop, &f), 0);
+    long ms = race_ms();
+    race(c, &f, ms, &n);
+    atomic_store(&f.scribble, 1);
+    race(c, &f, ms / 2, &n);
+    atomic_store(&f.stop, 1);
+    pthread_join(f.thread, NULL);
+    fprintf(stderr, "data_trust: %ld flips; %ld OK (%ld checked, worst %.2g), %ld refused\n",
+            f.flips, n.ok, n.checked, n.worst, n.refused);
+    cr_assert_eq(n.failure[0], '\0', "%s", n.failure);
+    cr_assert_gt(n.refused, 0, "the flips never showed: the race ran nothing");
+    /* still serving, still right, and the other session's memory untouched */
+    memset(at(x, VO), 0xff, VOUT * 4);
+    cr_assert_eq(vl_varlen(c, x, &x->out), ATTND_ERR_OK, "%s", attnd_client_last_error(c));
+    cr_assert_leq(vl_err(x, x->want_varlen), 1e-5);
+    size_t changed = 0;
+    while (changed < vs.size && ((uint8_t *)vs.base)[changed] == 0x5a)
+        changed++;
+    cr_assert_eq(changed, vs.size, "the other session's region changed at byte %zu", changed);
+    cr_assert_eq(attnd_client_status(victim, &st), ATTND_ERR_OK);
+    attnd_client_shm_destroy(c, &x->shm);
+    attnd_client_shm_destroy(victim, &vs);
+    attnd_client_free(c);
+    attnd_client_free(victim);
     free(x);
     cr_assert_eq(attnd_daemon_stop(&d), 0, "daemon exit status");
 }

@@ -55,11 +55,11 @@ static attnd_err attend_resolve(attnd_serve *sv, const attnd_step *st, const Att
 {
     int64_t T = st->plan.num_tokens, Hq = sv->model.geo.num_q_heads;
     int64_t Hk = sv->model.geo.num_kv_heads, D = sv->model.geo.head_size;
-    const attnd_tref_spec sq = {"q", ATTND_DT_FLOAT, 3, {T, Hq, D}, 0, 0};
-    const attnd_tref_spec sk = {"k_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0};
-    const attnd_tref_spec sval = {"v_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0};
-    const attnd_tref_spec so = {"out", ATTND_DT_FLOAT, 3, {T, Hq, D}, 1, 0};
-    const attnd_tref_spec sl = {"out_lse", ATTND_DT(F32), 2, {Hq, T}, 1, 1};
+    const attnd_tref_spec sq = {"q", ATTND_DT_FLOAT, 3, {T, Hq, D}, 0, 0, 0};
+    const attnd_tref_spec sk = {"k_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0, 0};
+    const attnd_tref_spec sval = {"v_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0, 0};
+    const attnd_tref_spec so = {"out", ATTND_DT_FLOAT, 3, {T, Hq, D}, 1, 0, 0};
+    const attnd_tref_spec sl = {"out_lse", ATTND_DT(F32), 2, {Hq, T}, 1, 1, 0};
     attnd_err rv;
     if ((rv = attnd_reply_resolve(r, hr, m->q, &sq, &io->q))) return rv;
     if ((rv = attnd_reply_resolve(r, hr, m->k_new, &sk, &io->k))) return rv;
