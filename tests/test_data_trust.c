@@ -6,7 +6,10 @@
  *   - a client thread flipping cu_seqlens / layout values (negative, out of range, shifted onto
  *     another session's memory) and scribbling on outputs while varlen and block-sparse
  *     requests run: the daemon stays up, every reply is OK or INVALID_ARGUMENT, an OK output is
- *     the right one, and another session's region is never written.
+ *     the right one, and another session's region is never written;
+ *   - a step commits only when every layer was attended exactly once: a repeated Attend is
+ *     refused, EndStep names the missing or repeated layers and leaves the step open, abort is
+ *     always accepted.
  * The race runs again against a daemon built with ASan + UBSan (tests/sanitize_race.sh). */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -546,5 +549,101 @@ Test(data_trust, index_values_flipped_during_requests, .timeout = 180)
     attnd_client_free(c);
     attnd_client_free(victim);
     free(x);
+    cr_assert_eq(attnd_daemon_stop(&d), 0, "daemon exit status");
+}
+
+/* ---------------------------------------------------------------- item 14: whole steps */
+
+/* Attend one layer of the open step with fresh q/k/v in shm, on both sides. */
+static attnd_err attend_both(attnd_client *c, attnd_mirror *m, const attnd_shm *shm, uint64_t step,
+                             uint32_t layer, attnd_rng *r)
+{
+    attnd_e2e_io io;
+    attnd_e2e_io_layout(&io, &m->g, shm, ATTND_DTYPE_F32, m->num_tokens);
+    attnd_e2e_io_fill(&io, r, 1.0);
+    attnd_err rv = attnd_client_attend(c, step, layer, &io.rq, &io.rk, &io.rv, &io.rout, &io.rlse);
+    if (rv != ATTND_ERR_OK) return rv;
+    int64_t so[3] = {m->num_tokens, m->g.num_q_heads, m->g.head_size};
+    attnd_test_tensor direct;
+    float *lse = malloc((size_t)(m->num_tokens * m->g.num_q_heads) * sizeof *lse + 4);
+    attnd_tt_alloc(&direct, ATTND_DTYPE_F32, 3, so);
+    cr_assert_eq(attnd_mirror_attend(m, layer, &io.q, &io.k, &io.v, &direct.t, lse, NULL, NULL),
+                 ATTND_ERR_OK);
+    cr_assert_leq(attnd_e2e_rel_l2_t(&io.out, &direct.t), attnd_e2e_direct_tol(ATTND_DTYPE_F32),
+                  "layer %u out", layer);
+    attnd_tt_free(&direct);
+    free(lse);
+    return ATTND_ERR_OK;
+}
+
+static void whole_steps(const attnd_daemon_proc *d, int channel)
+{
+    attnd_client *c = connect_opts(d, channel);
+    attnd_mirror m;
+    attnd_shm shm;
+    attnd_rng r;
+    attnd_e2e_errs errs = {0};
+    attnd_seq_info info;
+    attnd_step st;
+    const attnd_geometry *g = &attnd_client_server(c)->geometry;
+    attnd_step_seq s = {1, 5}, one = {1, 1};
+    cr_assert_eq(g->num_layers, 8);
+    cr_assert_eq(attnd_mirror_init(&m, g, NULL, 64), 0);
+    cr_assert_eq(attnd_client_shm_create(c, attnd_e2e_io_bytes(g, ATTND_DTYPE_F32, 8), &shm),
+                 ATTND_ERR_OK);
+    attnd_rng_seed(&r, 14);
+    cr_assert_eq(attnd_client_seq_create(c, 1, NULL), ATTND_ERR_OK);
+    cr_assert_eq(attnd_mirror_create(&m, 1), 0);
+    /* layers 0, 1, 6 only: no commit, the step stays open */
+    cr_assert_eq(attnd_client_step_begin(c, &s, 1, &st, NULL), ATTND_ERR_OK);
+    cr_assert_eq(attnd_mirror_begin(&m, &s, 1), 0);
+    static const uint32_t some[3] = {0, 1, 6};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(attend_both(c, &m, &shm, st.id, some[i], &r), ATTND_ERR_OK, "%s",
+                     attnd_client_last_error(c));
+    expect_refused(c, attnd_client_step_end(c, st.id, 0), ATTND_ERR_FAILED_PRECONDITION,
+                   "end with layers 2-5, 7 missing", "layers 2-5, 7 not attended", NULL);
+    cr_assert_eq(attnd_client_seq_query(c, 1, &info), ATTND_ERR_OK);
+    cr_assert_eq(info.step, st.id, "the refused commit closed the step");
+    cr_assert_eq(info.num_tokens, 0);
+    /* the missing layers, out of order; then the commit goes through */
+    static const uint32_t rest[5] = {7, 3, 2, 5, 4};
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(attend_both(c, &m, &shm, st.id, rest[i], &r), ATTND_ERR_OK, "%s",
+                     attnd_client_last_error(c));
+    cr_assert_eq(attnd_client_step_end(c, st.id, 0), ATTND_ERR_OK, "%s",
+                 attnd_client_last_error(c));
+    attnd_mirror_end(&m, 1);
+    cr_assert_eq(attnd_client_seq_query(c, 1, &info), ATTND_ERR_OK);
+    cr_assert_eq(info.num_tokens, 5);
+    /* a layer attended twice: refused on the spot, and then the step can only abort */
+    cr_assert_eq(attnd_client_step_begin(c, &one, 1, &st, NULL), ATTND_ERR_OK);
+    cr_assert_eq(attnd_mirror_begin(&m, &one, 1), 0);
+    for (uint32_t l = 0; l < g->num_layers; l++)
+        cr_assert_eq(attend_both(c, &m, &shm, st.id, l, &r), ATTND_ERR_OK);
+    expect_refused(c, attend_both(c, &m, &shm, st.id, 3, &r), ATTND_ERR_FAILED_PRECONDITION,
+                   "attend layer 3 again", "layer: 3 already attended", NULL);
+    expect_refused(c, attnd_client_step_end(c, st.id, 0), ATTND_ERR_FAILED_PRECONDITION,
+                   "end after a repeated layer", "layer 3 attended more than once", NULL);
+    cr_assert_eq(attnd_client_step_end(c, st.id, 1), ATTND_ERR_OK, "abort is always accepted");
+    attnd_mirror_end(&m, 0);
+    /* the cache holds exactly what the mirror says: one more step, every layer checked */
+    cr_assert_eq(attnd_e2e_step(c, &m, &shm, ATTND_DTYPE_F32, 0, &one, 1, 0, &r, &errs),
+                 ATTND_ERR_OK);
+    attnd_test_expect_errs(&errs, ATTND_DTYPE_F32, channel ? "channel" : "socket");
+    cr_assert_eq(attnd_client_seq_query(c, 1, &info), ATTND_ERR_OK);
+    cr_assert_eq(info.num_tokens, 6);
+    cr_assert_eq(attnd_client_seq_free(c, 1), ATTND_ERR_OK);
+    attnd_client_shm_destroy(c, &shm);
+    attnd_mirror_fini(&m);
+    attnd_client_free(c);
+}
+
+Test(data_trust, end_step_commits_only_every_layer_once, .timeout = 120)
+{
+    attnd_daemon_proc d;
+    attnd_test_daemon_start(&d, CONFIG);
+    whole_steps(&d, 0);
+    whole_steps(&d, 1);
     cr_assert_eq(attnd_daemon_stop(&d), 0, "daemon exit status");
 }

@@ -8,7 +8,8 @@
         ...
         c.create(1)
         step = c.begin_step([(1, 5)])
-        out = c.attend(step, 0, q, k, v)                # arrays in a region travel by reference
+        for layer in range(g["num_layers"]):            # every layer once: EndStep commits only then
+            out = c.attend(step, layer, q, k, v)        # arrays in a region travel by reference
         c.end_step(step)
 
 Arrays that live in one of the client's regions are passed by reference (region + offset);
@@ -216,6 +217,8 @@ class Client:
         return {"id": st.id, "num_tokens": st.num_tokens, "query_start_loc": list(qsl)}
 
     def end_step(self, step, abort=False):
+        """Commit (every layer must have been attended once: else FAILED_PRECONDITION, and the
+        step stays open) or abort (always accepted)."""
         self._check(self._lib.attnd_client_step_end(self._c, _step_id(step), 1 if abort else 0))
 
     # -- ops
