@@ -18,8 +18,12 @@
  * through host shm and INLINE outputs instead (staged by the daemon): the same bits. A bad IPC
  * handle, a region larger than its allocation, a reference past the region's end and an unknown
  * region get errors (and the daemon keeps serving); a cpu daemon refuses CUDA_IPC with UNSUPPORTED;
- * and several clients at once get bit for bit what one gets alone (e2e_concurrent.c).
- */
+ * and several clients at once get bit for bit what one gets alone (e2e_concurrent.c). Before the
+ * steps: varlen and block-sparse with cu_seqlens and layouts in device memory, read (copied to
+ * the daemon's host, never dereferenced there), checked, and flipped by a thread with cudaMemcpy
+ * during requests (e2e_indices.c).
+ *
+ * Prints "gpu_daemon_e2e: N passed, M failed"; exit status 1 on any failure. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +36,7 @@
 #include "check.h"
 #include "daemon_proc.h"
 #include "e2e_concurrent.h"
+#include "e2e_indices.h"
 #include "testutil.h"
 
 #define NL 32
@@ -404,6 +409,11 @@ static void check_bad_handles(worker *w)
           "the same handle under a second id registers and unregisters");
 }
 
+static void worker_check(void *arg, int ok, const char *what)
+{
+    check(arg, ok, what);
+}
+
 /* ---------------------------------------------------------------- the run */
 
 static void step_plan_in(worker *w, int step, step_in *in)
@@ -564,6 +574,7 @@ int main(void)
     if (worker_open(&w, &gpu_d) == 0) {
         char report[320];
         check_bad_handles(&w);
+        attnd_e2e_device_indices(&gpu_d, w.cpu, worker_check, &w);
         run_steps(&w);
         check_cpu_daemon(&w, &cpu_d);
         check(&w, attnd_e2e_concurrent(&gpu_d, report, sizeof report) == 0, report);
