@@ -4,10 +4,14 @@ sequences for the daemon's decode + validation + dispatch path.
 
 An input is a sequence of frames: u8 flags, u16 little-endian length, then that many bytes of an
 attnd.Request (proto/attnd.proto). flags bit 0 picks the connection (pipe 1 or 2), bit 1 closes
-that connection after the frame. In a frame, session 1..4 means "the session of the 1st..4th
-successful Hello" and step 1..4 "the 1st..4th step begun", so seeds reach past the handshake
-whatever ids the daemon hands out. The harness's geometry (fuzz_request.c): 2 layers, 4 q heads,
-2 kv heads, head size 32, block size 16, f16 cache.
+that connection after the frame; with bit 2 the bytes are written into the harness's shm object
+b[0] & 1 at offset b[1] | b[2] << 8 (b[3..]), with bit 3 the Request is posted in channel slot
+(flags & 1). In a frame, session 1..4 means "the session of the 1st..4th successful Hello" and
+step 1..4 "the 1st..4th step begun", so seeds reach past the handshake whatever ids the daemon
+hands out; RegisterRegion names "/0" and "/1" are the harness's two 64 KiB objects (object 0
+starts as an i32 ramp 0, 1, 2..., object 1 as zeros), OpenChannel "/c" with size 0 its channel
+(2 slots). The harness's geometry (fuzz_request.c): 2 layers, 4 q heads, 2 kv heads, head size
+32, block size 16, f16 cache.
 
 Protobuf is encoded by hand here (no dependency); run from anywhere:
     python3 fuzz/gen_corpus.py            # rewrites fuzz/corpus/
@@ -166,9 +170,70 @@ def status(rid=1):
     return request(rid, 26, b"")
 
 
+def open_channel(rid, name="/c", size=0, session=1):
+    return request(rid, 27, f_bytes(1, name) + (f_varint(2, size) if size else b""), session)
+
+
 def frame(msg, pipe=1, close=False):
     flags = (pipe - 1) & 1 | (2 if close else 0)
     return struct.pack("<BH", flags, len(msg)) + msg
+
+
+def post(msg, slot=0):
+    """A Request posted in channel slot `slot`."""
+    return struct.pack("<BH", 8 | (slot & 1), len(msg)) + msg
+
+
+def shm_write(obj, offset, data):
+    """Bytes written into the harness's shm object obj at offset, between requests."""
+    payload = struct.pack("<BH", obj, offset) + data
+    return struct.pack("<BH", 4, len(payload)) + payload
+
+
+# ---------------------------------------------------------------- tensors in the shm objects
+# region 1 = object 0 (i32 ramp: cu_seqlens [0, 1, 2, 3] at offset 0, layouts at 1024),
+# region 2 = object 1 (zeros: q at 0, k at 1024, v at 2048, out at 4096; 3 rows, f16)
+
+T3 = 3
+
+
+def shm_qkvo(out_offset=4096, out_region=2):
+    q = tensor([T3, QH, D], F16, region=2, offset=0)
+    k = tensor([T3, KVH, D], F16, region=2, offset=1024)
+    v = tensor([T3, KVH, D], F16, region=2, offset=2048)
+    o = tensor([T3, QH, D], F16, region=out_region, offset=out_offset)
+    return f_bytes(1, q) + f_bytes(2, k) + f_bytes(3, v) + f_bytes(4, o)
+
+
+def shm_varlen(rid, out_offset=4096, out_region=2, session=1):
+    cu = tensor([T3 + 1], I32, region=1, offset=0)
+    body = shm_qkvo(out_offset, out_region) + f_bytes(5, cu) + f_bytes(6, cu) + f_varint(10, 1)
+    return request(rid, 22, body, session)
+
+
+def shm_blocksparse(rid, session=1):
+    cu = tensor([T3 + 1], I32, region=1, offset=0)
+    crow = tensor([QH, 2], I32, region=1, offset=1024)
+    col = tensor([QH, 1], I32, region=1, offset=2048)
+    body = shm_qkvo() + f_bytes(5, cu) + f_bytes(6, cu) + f_bytes(7, crow) + f_bytes(8, col)
+    body += f_varint(9, BS)
+    return request(rid, 23, body, session)
+
+
+def shm_attend(rid, step, layer, out_offset=4096, session=1):
+    q = tensor([T3, QH, D], F16, region=2, offset=0)
+    k = tensor([T3, KVH, D], F16, region=2, offset=1024)
+    v = tensor([T3, KVH, D], F16, region=2, offset=2048)
+    o = tensor([T3, QH, D], F16, region=2, offset=out_offset)
+    return attend(rid, step, layer, T3, session, q=q, k=k, v=v, out=o)
+
+
+def shm_setup():
+    """Hello, both objects registered, a valid block-sparse layout written into object 0."""
+    layout = shm_write(0, 1024, struct.pack("<8i", *([0, 1] * QH)))
+    layout += shm_write(0, 2048, struct.pack("<4i", 0, 0, 0, 0))
+    return [frame(hello()), frame(register_shm(2, 1, "/0", 65536)),
+            frame(register_shm(3, 2, "/1", 65536)), layout]
 
 
 # ---------------------------------------------------------------- seeds
@@ -230,6 +295,25 @@ def seeds():
     s["no_body"] = [frame(f_varint(1, 5)), frame(b"")]
     s["no_session"] = [frame(create(1, 1, session=0)), frame(create(2, 1, session=3)),
                        frame(create(3, 1, session=HUGE))]
+    s["shm_ops"] = shm_setup() + [
+        frame(shm_varlen(10)), frame(shm_blocksparse(11)),
+        frame(shm_varlen(12, out_offset=0, out_region=1)),  # out over cu_seqlens
+        frame(shm_varlen(13, out_offset=512)),  # out over q
+        shm_write(0, 0, struct.pack("<i", -100000)), frame(shm_varlen(14)),
+        shm_write(0, 0, struct.pack("<2i", 4096, 4099)), frame(shm_varlen(15)),
+        shm_write(0, 0, struct.pack("<2i", 0, 1)), shm_write(0, 2048, struct.pack("<i", -7)),
+        frame(shm_blocksparse(16))]
+    s["shm_step"] = shm_setup() + [
+        frame(create(10, 1)), frame(begin_step(11, [(1, T3)])),
+        frame(shm_attend(12, 1, 0)), frame(shm_attend(13, 1, 0)),  # layer 0 twice
+        frame(shm_attend(14, 1, 1, out_offset=1024)),  # out over k_new
+        frame(end_step(15, 1)), frame(shm_attend(16, 1, 1)), frame(end_step(17, 1)),
+        frame(end_step(18, 1, abort=True))]
+    s["channel"] = shm_setup() + [
+        frame(open_channel(10)), post(create(11, 1)), post(begin_step(12, [(1, T3)])),
+        post(shm_attend(13, 1, 0)), post(shm_attend(14, 1, 1), slot=1), post(end_step(15, 1)),
+        post(status(16)), post(hello(17)), post(bytes(range(40))),
+        post(shm_varlen(18)), post(free(19, 1)), frame(open_channel(20, size=4096))]
     return s
 
 

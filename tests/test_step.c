@@ -1,7 +1,7 @@
 /* Steps through the request handlers, in process (no socket), looking at cache memory itself:
- * an Attend writes its K/V rows into the reserved slots; a committed layer that no Attend wrote
- * reads as zeros, not as what an earlier owner left; abort returns every block; fork + COW
- * copies the shared partial block before the child writes; sessions are bound to their
+ * an Attend writes its K/V rows into the reserved slots; a commit needs every layer attended
+ * exactly once (else FAILED_PRECONDITION, the step stays open); abort returns every block; fork +
+ * COW copies the shared partial block before the child writes; sessions are bound to their
  * connection, a Hello from a connection already gone opens nothing, and a dropped connection's
  * sequences are reclaimed. */
 #include <criterion/criterion.h>
@@ -182,7 +182,18 @@ static void poison_cache(fixture *f)
     }
 }
 
-Test(step, attend_writes_its_rows_and_unwritten_layers_read_zero, .timeout = 60)
+/* call, expecting code and a message containing part */
+static void expect_msg(fixture *f, Attnd__Request *req, attnd_err code, const char *part)
+{
+    attnd_reply r;
+    attnd_err rv = call(f, req, 1, &r);
+    cr_assert_eq(rv, code, "got %s (%s), expected %s", attnd_err_name(rv), r.msg,
+                 attnd_err_name(code));
+    cr_assert_not_null(strstr(r.msg, part), "\"%s\" not in \"%s\"", part, r.msg);
+    attnd_reply_fini(&r);
+}
+
+Test(step, attend_writes_its_rows_and_commit_needs_every_layer_once, .timeout = 60)
 {
     fixture f;
     setup(&f);
@@ -190,8 +201,15 @@ Test(step, attend_writes_its_rows_and_unwritten_layers_read_zero, .timeout = 60)
     poison_cache(&f); /* what an earlier owner of the blocks left */
     cr_assert_eq(create(&f, 1), ATTND_ERR_OK);
     uint64_t st = begin(&f, 1, 5);
-    attnd_err rv = attend(&f, st, 0, 5);
-    cr_assert(rv == ATTND_ERR_OK || rv == ATTND_ERR_UNSUPPORTED, "attend: %s", attnd_err_name(rv));
+    cr_assert_eq(attend(&f, st, 0, 5), ATTND_ERR_OK);
+    /* layer 1 never attended: no commit (its rows would hold the poison), the step stays open */
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__EndStep em = ATTND__END_STEP__INIT;
+    em.step = st;
+    req.session = f.session, req.body_case = ATTND__REQUEST__BODY_END_STEP, req.end_step = &em;
+    expect_msg(&f, &req, ATTND_ERR_FAILED_PRECONDITION, "layer 1 not attended");
+    cr_assert_eq(attnd_cache_find(f.sv->cache, f.session, 1)->step, st);
+    cr_assert_eq(attend(&f, st, 1, 5), ATTND_ERR_OK);
     cr_assert_eq(end(&f, st, 0), ATTND_ERR_OK);
     attnd_seq *q = attnd_cache_find(f.sv->cache, f.session, 1);
     cr_assert_eq(q->num_tokens, 5);
@@ -199,14 +217,23 @@ Test(step, attend_writes_its_rows_and_unwritten_layers_read_zero, .timeout = 60)
         int64_t slot = attnd_cache_slot(f.sv->cache, q, (uint32_t)t);
         for (int64_t e = 0; e < HK * D; e++) {
             float want = (float)((t * HK * D + e) % 97) / 128.0f;
-            cr_assert_eq(cache_at(&f, 0, 0, slot, e),
-                         attnd_bf16_to_f32(attnd_f32_to_bf16(1.0f + want)));
-            cr_assert_eq(cache_at(&f, 1, 0, slot, e),
-                         attnd_bf16_to_f32(attnd_f32_to_bf16(2.0f + want)));
-            cr_assert_eq(cache_at(&f, 0, 1, slot, e), 0.0f, "layer 1 K, token %lld", (long long)t);
-            cr_assert_eq(cache_at(&f, 1, 1, slot, e), 0.0f, "layer 1 V, token %lld", (long long)t);
+            for (uint32_t l = 0; l < L; l++) {
+                cr_assert_eq(cache_at(&f, 0, l, slot, e),
+                             attnd_bf16_to_f32(attnd_f32_to_bf16(1.0f + want)));
+                cr_assert_eq(cache_at(&f, 1, l, slot, e),
+                             attnd_bf16_to_f32(attnd_f32_to_bf16(2.0f + want)));
+            }
         }
     }
+    /* a second Attend of a layer is refused, and the step can then only abort */
+    st = begin(&f, 1, 2);
+    cr_assert_eq(attend(&f, st, 1, 2), ATTND_ERR_OK);
+    cr_assert_eq(attend(&f, st, 1, 2), ATTND_ERR_FAILED_PRECONDITION);
+    cr_assert_eq(attend(&f, st, 0, 2), ATTND_ERR_OK);
+    em.step = st;
+    expect_msg(&f, &req, ATTND_ERR_FAILED_PRECONDITION, "layer 1 attended more than once");
+    cr_assert_eq(end(&f, st, 1), ATTND_ERR_OK);
+    cr_assert_eq(q->num_tokens, 5);
     teardown(&f);
 }
 

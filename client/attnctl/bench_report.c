@@ -90,7 +90,8 @@ static void report_text(const bench_opts *o, const bench_worker *ws, const lat_r
            g->block_size, attnd_dtype_name(g->cache_dtype));
     printf("       %u client(s) x %u seqs x 1 token per step, context %u (+%u steps%s), %s via "
            "%s, %u steps (+%u warmup)\n",
-           o->clients, o->seqs, o->context, o->steps, o->abort ? ", aborted" : "",
+           o->clients, o->seqs, o->context, o->steps,
+           o->abort || ws[0].layers < g->num_layers ? ", aborted" : "",
            attnd_dtype_name(ws[0].dtype), o->use_inline ? "inline" : "shm", o->steps, o->warmup);
     printf("%-12s %8s %10s %10s %10s %10s\n", "request", "count", "p50 us", "p90 us", "p99 us",
            "max us");
@@ -127,8 +128,9 @@ static int report_json(const bench_opts *o, const bench_worker *ws, const lat_ro
         "run", "clients", (json_int_t)o->clients, "seqs", (json_int_t)o->seqs, "context",
         (json_int_t)o->context, "steps", (json_int_t)o->steps, "warmup", (json_int_t)o->warmup,
         "layers", (json_int_t)ws[0].layers, "dtype", attnd_dtype_name(ws[0].dtype), "transport",
-        o->use_inline ? "inline" : "shm", "abort", o->abort, "requests", json_rows(rows),
-        "throughput", "requests_per_s", (double)rows[NUM_KINDS].count / wall, "attends_per_s",
+        o->use_inline ? "inline" : "shm", "abort", o->abort || ws[0].layers < ws[0].g.num_layers,
+        "requests", json_rows(rows), "throughput", "requests_per_s",
+        (double)rows[NUM_KINDS].count / wall, "attends_per_s",
         (double)rows[KIND_ATTEND].count / wall, "steps_per_s", (double)o->steps * o->clients / wall,
         "wall_s", wall);
     int rc = root != NULL && json_dumpf(root, stdout, JSON_INDENT(2)) == 0 ? 0 : -1;

@@ -189,17 +189,22 @@ static void fetch_outputs(const attend_opts *o, attend_data *d, const attnd_ref 
     if (o->lse != NULL) memcpy(d->lse.data, (char *)d->shm.base + r[4].offset, d->lse.bytes);
 }
 
-/* Begin, attend one layer, end (abort when the attend failed). */
+/* Begin, attend every layer with the same Q/K/V (a commit needs them all; --layer last, so the
+ * outputs are its), end (abort when an attend failed). */
 static int run_step(attnctl *ctl, const attend_opts *o, const attnd_ref r[5], double *secs)
 {
     attnd_step step;
     attnd_ref out = r[3], lse = r[4];
-    attnd_err rv;
+    attnd_err rv = ATTND_ERR_OK;
+    uint32_t layers = attnd_client_server(ctl->c)->geometry.num_layers;
     double t0 = attnctl_now();
     if ((rv = attnd_client_step_begin(ctl->c, o->seqs, o->nseqs, &step, NULL)) != ATTND_ERR_OK)
         return attnctl_fail(ctl, "attend: begin_step", rv);
-    rv = attnd_client_attend(ctl->c, step.id, o->layer, &r[0], &r[1], &r[2], &out,
-                             o->lse ? &lse : NULL);
+    for (uint32_t i = 0; i < layers && rv == ATTND_ERR_OK; i++) {
+        uint32_t l = i + 1 == layers ? o->layer : i < o->layer ? i : i + 1;
+        rv = attnd_client_attend(ctl->c, step.id, l, &r[0], &r[1], &r[2], &out,
+                                 o->lse ? &lse : NULL);
+    }
     if (rv != ATTND_ERR_OK) {
         int rc = attnctl_fail(ctl, "attend", rv);
         attnd_client_step_end(ctl->c, step.id, 1);

@@ -146,9 +146,10 @@ static int worker_setup(bench_worker *w, int64_t *max_rows)
     return ATTNCTL_OK;
 }
 
-/* One step: begin, attend every layer, end; latencies recorded when lats != NULL. */
-static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64_t rows, int abort,
-                    bench_lat *lats)
+/* One step: begin, attend layers 0..layers-1, end; latencies recorded when lats != NULL. A
+ * commit needs every layer attended, so a step over fewer than the daemon's layers aborts. */
+static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64_t rows,
+                    uint32_t layers, int abort, bench_lat *lats)
 {
     attnd_step step;
     attnd_err rv;
@@ -161,7 +162,8 @@ static int run_step(bench_worker *w, const attnd_step_seq *seqs, size_t n, int64
         attnctl_lat_add(&lats[KIND_BEGIN], t2 - t);
         t = t2;
     }
-    for (uint32_t l = 0; l < w->layers; l++) {
+    abort = abort || layers < w->g.num_layers;
+    for (uint32_t l = 0; l < layers; l++) {
         rv = attnd_client_attend(w->c, step.id, l, &w->q, &w->k, &w->v, &w->out, NULL);
         if (rv != ATTND_ERR_OK) {
             worker_fail(w, "attend", rv);
@@ -248,7 +250,8 @@ static int worker_prefill(bench_worker *w, attnd_step_seq *seqs, int64_t max_row
             uint32_t chunk = w->o->context - done;
             if (chunk > max_rows) chunk = (uint32_t)max_rows;
             attnd_step_seq one = {seqs[s].seq_id, chunk};
-            if ((rc = run_step(w, &one, 1, chunk, 0, NULL)) != ATTNCTL_OK) return rc;
+            if ((rc = run_step(w, &one, 1, chunk, w->g.num_layers, 0, NULL)) != ATTNCTL_OK)
+                return rc;
             progress_add(w->progress, chunk);
             done += chunk;
         }
@@ -268,11 +271,11 @@ static int worker_run(bench_worker *w)
             rc = worker_fail(w, "latencies", ATTND_ERR_NO_MEMORY);
     if (rc == ATTNCTL_OK) rc = worker_prefill(w, seqs, max_rows);
     for (uint32_t i = 0; rc == ATTNCTL_OK && i < w->o->warmup; i++)
-        rc = run_step(w, seqs, w->o->seqs, w->o->seqs, w->o->abort, NULL);
+        rc = run_step(w, seqs, w->o->seqs, w->o->seqs, w->layers, w->o->abort, NULL);
     pthread_barrier_wait(w->barrier); /* every client starts the timed part together */
     w->t0 = attnctl_now();
     for (uint32_t i = 0; rc == ATTNCTL_OK && i < w->o->steps; i++)
-        rc = run_step(w, seqs, w->o->seqs, w->o->seqs, w->o->abort, w->lat);
+        rc = run_step(w, seqs, w->o->seqs, w->o->seqs, w->layers, w->o->abort, w->lat);
     w->t1 = attnctl_now();
     free(seqs);
     return rc;

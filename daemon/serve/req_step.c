@@ -55,11 +55,11 @@ static attnd_err attend_resolve(attnd_serve *sv, const attnd_step *st, const Att
 {
     int64_t T = st->plan.num_tokens, Hq = sv->model.geo.num_q_heads;
     int64_t Hk = sv->model.geo.num_kv_heads, D = sv->model.geo.head_size;
-    const attnd_tref_spec sq = {"q", ATTND_DT_FLOAT, 3, {T, Hq, D}, 0, 0};
-    const attnd_tref_spec sk = {"k_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0};
-    const attnd_tref_spec sval = {"v_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0};
-    const attnd_tref_spec so = {"out", ATTND_DT_FLOAT, 3, {T, Hq, D}, 1, 0};
-    const attnd_tref_spec sl = {"out_lse", ATTND_DT(F32), 2, {Hq, T}, 1, 1};
+    const attnd_tref_spec sq = {"q", ATTND_DT_FLOAT, 3, {T, Hq, D}, 0, 0, 0};
+    const attnd_tref_spec sk = {"k_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0, 0};
+    const attnd_tref_spec sval = {"v_new", ATTND_DT_FLOAT, 3, {T, Hk, D}, 0, 0, 0};
+    const attnd_tref_spec so = {"out", ATTND_DT_FLOAT, 3, {T, Hq, D}, 1, 0, 0};
+    const attnd_tref_spec sl = {"out_lse", ATTND_DT(F32), 2, {Hq, T}, 1, 1, 0};
     attnd_err rv;
     if ((rv = attnd_reply_resolve(r, hr, m->q, &sq, &io->q))) return rv;
     if ((rv = attnd_reply_resolve(r, hr, m->k_new, &sk, &io->k))) return rv;
@@ -80,9 +80,12 @@ static attnd_err attend_layer(attnd_serve *sv, attnd_step *st, const Attnd__Atte
         (rv = attnd_devmem_stage_in(sv->dm, hr, staged, 5, r->msg, sizeof r->msg)) !=
             ATTND_ERR_OK ||
         (rv = attnd_step_attend(&sv->steps, st, m->layer, &io, hr->nhost != 0, &r->wait, r->msg,
-                                sizeof r->msg)) != ATTND_ERR_OK ||
-        (rv = attnd_devmem_stage_out(sv->dm, hr, r->msg, sizeof r->msg)) != ATTND_ERR_OK)
+                                sizeof r->msg)) != ATTND_ERR_OK)
         return attnd_reply_code(r, rv);
+    if ((rv = attnd_devmem_stage_out(sv->dm, hr, r->msg, sizeof r->msg)) != ATTND_ERR_OK) {
+        attnd_step_layer_void(st, m->layer); /* the client is told it failed: not attended */
+        return attnd_reply_code(r, rv);
+    }
     attnd_reply_take_outputs(r, hr);
     return ATTND_ERR_OK;
 }
@@ -98,6 +101,8 @@ static attnd_err req_attend(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
     if (m->layer >= sv->model.geo.num_layers)
         return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT, "layer: %u out of range (%u layers)",
                                 m->layer, sv->model.geo.num_layers);
+    if ((rv = attnd_step_layer_check(st, m->layer, r->msg, sizeof r->msg)))
+        return attnd_reply_code(r, rv);
     const Attnd__TensorRef *refs[] = {m->q, m->k_new, m->v_new, m->out, m->out_lse};
     if ((rv = attnd_reply_handles_begin(r, &hr, c->s, sv->limits.max_inline_bytes, refs, 5)))
         return rv;
@@ -111,7 +116,7 @@ static attnd_err req_end(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r
     const Attnd__EndStep *m = c->req->end_step;
     attnd_step *st;
     attnd_err rv;
-    /* an EndStep that aborts neither launches kernels nor copies device memory */
+    /* an EndStep that aborts touches no device memory; a commit trusts what the kernels wrote */
     if (!m->abort && (rv = attnd_devmem_usable(sv->dm, r->msg, sizeof r->msg)) != ATTND_ERR_OK)
         return attnd_reply_code(r, rv);
     if ((rv = attnd_step_find(&sv->steps, c->s, m->step, &st, r->msg, sizeof r->msg)))

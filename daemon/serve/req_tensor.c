@@ -3,7 +3,10 @@
  *
  * Besides each reference's own bounds, the shapes of all tensors of a request are checked
  * against one another, and index tensors (cu_seqlens, the block-sparse layout) are read and
- * checked, so that whatever a client sends, no kernel indexes outside what it was given. */
+ * checked, so that whatever a client sends, no kernel indexes outside what it was given. Index
+ * tensors resolve to daemon-owned copies (attnd_tref_spec.snapshot): the checks read the copy
+ * and the kernels get the same copy, never the client's memory, wherever it lives. Seq ids and
+ * slopes come from the decoded message, slots from the cache: daemon memory too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,14 +118,14 @@ static attnd_err req_merge(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
                                       m->prefix_lse, m->suffix_out, m->suffix_lse};
     if ((rv = attnd_reply_handles_begin(r, &hr, s, sv->limits.max_inline_bytes, refs, 6)))
         return rv;
-    const attnd_tref_spec spo = {"prefix_out", DT_FLOAT, 3, {ANY, ANY, ANY}, 0, 0};
+    const attnd_tref_spec spo = {"prefix_out", DT_FLOAT, 3, {ANY, ANY, ANY}, 0, 0, 0};
     if ((rv = attnd_reply_resolve(r, &hr, m->prefix_out, &spo, &p.prefix_out))) goto done;
     int64_t T = p.prefix_out.shape[0], H = p.prefix_out.shape[1], D = p.prefix_out.shape[2];
-    const attnd_tref_spec sso = {"suffix_out", DT_FLOAT, 3, {T, H, D}, 0, 0};
-    const attnd_tref_spec spl = {"prefix_lse", DT(F32), 2, {H, T}, 0, 0};
-    const attnd_tref_spec ssl = {"suffix_lse", DT(F32), 2, {H, T}, 0, 0};
-    const attnd_tref_spec so = {"out", DT_FLOAT, 3, {T, H, D}, 1, 0};
-    const attnd_tref_spec sol = {"out_lse", DT(F32), 2, {H, T}, 1, 1};
+    const attnd_tref_spec sso = {"suffix_out", DT_FLOAT, 3, {T, H, D}, 0, 0, 0};
+    const attnd_tref_spec spl = {"prefix_lse", DT(F32), 2, {H, T}, 0, 0, 0};
+    const attnd_tref_spec ssl = {"suffix_lse", DT(F32), 2, {H, T}, 0, 0, 0};
+    const attnd_tref_spec so = {"out", DT_FLOAT, 3, {T, H, D}, 1, 0, 0};
+    const attnd_tref_spec sol = {"out_lse", DT(F32), 2, {H, T}, 1, 1, 0};
     if ((rv = attnd_reply_resolve(r, &hr, m->suffix_out, &sso, &p.suffix_out)) ||
         (rv = attnd_reply_resolve(r, &hr, m->prefix_lse, &spl, &p.prefix_lse)) ||
         (rv = attnd_reply_resolve(r, &hr, m->suffix_lse, &ssl, &p.suffix_lse)) ||
@@ -149,21 +152,21 @@ static attnd_err varlen_resolve(attnd_reply *r, attnd_handles_req *hr, uint32_t 
                                 varlen_io *io)
 {
     attnd_err rv;
-    const attnd_tref_spec sq = {"q", in_dtypes, 3, {ANY, ANY, ANY}, 0, 0};
+    const attnd_tref_spec sq = {"q", in_dtypes, 3, {ANY, ANY, ANY}, 0, 0, 0};
     if ((rv = attnd_reply_resolve(r, hr, refs[0], &sq, &io->q))) return rv;
     int64_t Tq = io->q.shape[0], Hq = io->q.shape[1], D = io->q.shape[2];
     uint32_t same = 1u << io->q.dtype;
-    const attnd_tref_spec sk = {"k", same, 3, {ANY, ANY, D}, 0, 0};
+    const attnd_tref_spec sk = {"k", same, 3, {ANY, ANY, D}, 0, 0, 0};
     if ((rv = attnd_reply_resolve(r, hr, refs[1], &sk, &io->k))) return rv;
     int64_t Tk = io->k.shape[0], Hk = io->k.shape[1];
-    const attnd_tref_spec sval = {"v", same, 3, {Tk, Hk, D}, 0, 0};
-    const attnd_tref_spec scq = {"cu_seqlens_q", DT(I32), 1, {ANY}, 0, 0};
+    const attnd_tref_spec sval = {"v", same, 3, {Tk, Hk, D}, 0, 0, 0};
+    const attnd_tref_spec scq = {"cu_seqlens_q", DT(I32), 1, {ANY}, 0, 0, 1};
     if ((rv = attnd_reply_resolve(r, hr, refs[2], &sval, &io->v)) ||
         (rv = check_heads(r, Hq, Hk, D)) ||
         (rv = attnd_reply_resolve(r, hr, refs[4], &scq, &io->cu_q)))
         return rv;
-    const attnd_tref_spec sck = {"cu_seqlens_k", DT(I32), 1, {io->cu_q.shape[0]}, 0, 0};
-    const attnd_tref_spec so = {"out", out_dtypes, 3, {Tq, Hq, D}, 1, 0};
+    const attnd_tref_spec sck = {"cu_seqlens_k", DT(I32), 1, {io->cu_q.shape[0]}, 0, 0, 1};
+    const attnd_tref_spec so = {"out", out_dtypes, 3, {Tq, Hq, D}, 1, 0, 0};
     if ((rv = attnd_reply_resolve(r, hr, refs[5], &sck, &io->cu_k)) ||
         (rv = check_cu(r, "cu_seqlens_q", &io->cu_q, Tq, &io->max_q)) ||
         (rv = check_cu(r, "cu_seqlens_k", &io->cu_k, Tk, &io->max_k)))
@@ -191,7 +194,7 @@ static attnd_err req_varlen(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
     if (rv != ATTND_ERR_OK) goto done;
     const attnd_tref_spec sb = {
         "bias", DT_FLOAT, 4, {io.cu_q.shape[0] - 1, io.q.shape[1], p.max_seqlen_q, p.max_seqlen_k},
-        0,      1};
+        0,      1,        0};
     if ((rv = attnd_reply_resolve(r, &hr, m->bias, &sb, &p.bias))) goto done;
     p.q = io.q, p.k = io.k, p.v = io.v, p.out = io.out;
     p.cu_seqlens_q = io.cu_q, p.cu_seqlens_k = io.cu_k;
@@ -269,8 +272,8 @@ static attnd_err bs_layout(attnd_reply *r, attnd_handles_req *hr,
     if (qbs <= 0 || qbs > 4096)
         return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT, "q_block_size: %d out of range",
                                 qbs);
-    const attnd_tref_spec sc = {"layout_crow", DT(I32), 2, {io->q.shape[1], ANY}, 0, 0};
-    const attnd_tref_spec sl = {"layout_col", DT(I32), 2, {io->q.shape[1], ANY}, 0, 0};
+    const attnd_tref_spec sc = {"layout_crow", DT(I32), 2, {io->q.shape[1], ANY}, 0, 0, 1};
+    const attnd_tref_spec sl = {"layout_col", DT(I32), 2, {io->q.shape[1], ANY}, 0, 0, 1};
     if ((rv = attnd_reply_resolve(r, hr, m->layout_crow, &sc, &p->layout_crow)) ||
         (rv = attnd_reply_resolve(r, hr, m->layout_col, &sl, &p->layout_col)))
         return rv;
@@ -432,12 +435,12 @@ static attnd_err req_linear_prefill(attnd_serve *sv, const attnd_req_ctx *c, att
         return rv;
     if ((rv = attnd_reply_handles_begin(r, &hr, s, sv->limits.max_inline_bytes, refs, 4)))
         return rv;
-    const attnd_tref_spec sq = {"q", DT_FLOAT, 4, {B, H, ANY, d}, 0, 0};
+    const attnd_tref_spec sq = {"q", DT_FLOAT, 4, {B, H, ANY, d}, 0, 0, 0};
     if ((rv = attnd_reply_resolve(r, &hr, m->q, &sq, &p.q))) goto done;
     int64_t n = p.q.shape[2];
-    const attnd_tref_spec sk = {"k", DT_FLOAT, 4, {B, H, n, d}, 0, 0};
-    const attnd_tref_spec sval = {"v", DT_FLOAT, 4, {B, H, n, d}, 0, 0};
-    const attnd_tref_spec so = {"out", DT_FLOAT, 4, {B, H, n, d}, 1, 0};
+    const attnd_tref_spec sk = {"k", DT_FLOAT, 4, {B, H, n, d}, 0, 0, 0};
+    const attnd_tref_spec sval = {"v", DT_FLOAT, 4, {B, H, n, d}, 0, 0, 0};
+    const attnd_tref_spec so = {"out", DT_FLOAT, 4, {B, H, n, d}, 1, 0, 0};
     if ((rv = attnd_reply_resolve(r, &hr, m->k, &sk, &p.k)) ||
         (rv = attnd_reply_resolve(r, &hr, m->v, &sval, &p.v)) ||
         (rv = attnd_reply_resolve(r, &hr, m->out, &so, &p.out)))
@@ -481,10 +484,10 @@ static attnd_err req_linear_decode(attnd_serve *sv, const attnd_req_ctx *c, attn
         return rv;
     if ((rv = attnd_reply_handles_begin(r, &hr, s, sv->limits.max_inline_bytes, refs, 4)))
         return rv;
-    const attnd_tref_spec sq = {"q", DT_FLOAT, 3, {B, H, d}, 0, 0};
-    const attnd_tref_spec sk = {"k", DT_FLOAT, 3, {B, H, d}, 0, 0};
-    const attnd_tref_spec sval = {"v", DT_FLOAT, 3, {B, H, d}, 0, 0};
-    const attnd_tref_spec so = {"out", DT_FLOAT, 3, {B, H, d}, 1, 0};
+    const attnd_tref_spec sq = {"q", DT_FLOAT, 3, {B, H, d}, 0, 0, 0};
+    const attnd_tref_spec sk = {"k", DT_FLOAT, 3, {B, H, d}, 0, 0, 0};
+    const attnd_tref_spec sval = {"v", DT_FLOAT, 3, {B, H, d}, 0, 0, 0};
+    const attnd_tref_spec so = {"out", DT_FLOAT, 3, {B, H, d}, 1, 0, 0};
     if ((rv = attnd_reply_resolve(r, &hr, m->q, &sq, &p.q)) ||
         (rv = attnd_reply_resolve(r, &hr, m->k, &sk, &p.k)) ||
         (rv = attnd_reply_resolve(r, &hr, m->v, &sval, &p.v)) ||

@@ -80,6 +80,8 @@ attnd_err attnd_handles_map_shm(attnd_region *r, attnd_shmguard *guard, uint32_t
     r->base = base;
     r->size = size;
     r->fd = fd;
+    r->obj_dev = (uint64_t)st.st_dev;
+    r->obj_ino = (uint64_t)st.st_ino;
     snprintf(r->name, sizeof r->name, "%s", name);
     return ATTND_ERR_OK;
 fail:
@@ -160,6 +162,9 @@ void attnd_handles_req_fini(attnd_handles_req *hr)
     for (uint32_t i = 0; i < hr->nout; i++)
         free(hr->out[i]);
     hr->nout = 0;
+    for (uint32_t i = 0; i < hr->nsnap; i++)
+        free(hr->snap[i]);
+    hr->nsnap = 0;
 }
 
 uint64_t attnd_handles_inline_in(const Attnd__TensorRef *const *refs, size_t count)
@@ -392,6 +397,124 @@ static attnd_err note_host_view(attnd_handles_req *hr, void *host, uint64_t byte
     return ATTND_ERR_OK;
 }
 
+/* ---------------------------------------------------------------- overlap */
+
+static int spans_meet(const attnd_view_span *a, const attnd_view_span *b)
+{
+    return a->mem_dev == b->mem_dev && a->mem_ino == b->mem_ino && a->lo < b->hi && b->lo < a->hi;
+}
+
+/* Record the client memory a region view spans; refuse it when it or an earlier view is an
+ * output and they share a byte. INLINE views are daemon memory of their own: never shared. */
+static attnd_err note_span(attnd_handles_req *hr, const Attnd__TensorRef *ref,
+                           const attnd_tref_spec *sp, uint64_t bytes, char *err, size_t n)
+{
+    const attnd_region *r = ref->region ? find_region(hr, ref->region) : NULL;
+    if (r == NULL || bytes == 0) return ATTND_ERR_OK;
+    if (hr->nspans == ATTND_HANDLES_MAX_VIEWS)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "%s: more than %d tensors", sp->field,
+                          ATTND_HANDLES_MAX_VIEWS);
+    int dev = r->kind == ATTND__REGION_KIND__CUDA_IPC;
+    uint64_t base = dev ? (uint64_t)(uintptr_t)r->base : 0;
+    attnd_view_span v = {sp->field,
+                         sp->output,
+                         r->id,
+                         dev ? 0 : r->obj_dev,
+                         dev ? 0 : r->obj_ino,
+                         base + ref->offset,
+                         base + ref->offset + bytes,
+                         ref->offset};
+    for (uint32_t i = 0; i < hr->nspans; i++) {
+        const attnd_view_span *o = &hr->spans[i];
+        if ((o->output || v.output) && spans_meet(o, &v))
+            return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                              "%s: bytes %llu..%llu of region %u overlap %s (bytes %llu..%llu of "
+                              "region %u): an output may not share memory with another tensor "
+                              "of the request",
+                              v.field, (unsigned long long)v.offset,
+                              (unsigned long long)(v.offset + bytes), v.region, o->field,
+                              (unsigned long long)o->offset,
+                              (unsigned long long)(o->offset + (o->hi - o->lo)), o->region);
+    }
+    hr->spans[hr->nspans++] = v;
+    return ATTND_ERR_OK;
+}
+
+/* ---------------------------------------------------------------- snapshots */
+
+/* Copy t's elements, read at src (host memory) by t's strides, into dst in row-major order.
+ * The innermost stride is 1 (check_strides), so each innermost row is one memcpy. */
+static void gather(const attnd_tensor *t, const char *src, char *dst)
+{
+    int32_t nd = t->ndim;
+    size_t esz = attnd_dtype_size(t->dtype), row = (size_t)t->shape[nd - 1] * esz;
+    int64_t idx[ATTND_MAX_DIMS] = {0}, rows = 1;
+    for (int32_t d = 0; d + 1 < nd; d++)
+        rows *= t->shape[d];
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t off = 0;
+        for (int32_t d = 0; d + 1 < nd; d++)
+            off += idx[d] * t->strides[d];
+        memcpy(dst + (size_t)i * row, src + (size_t)off * esz, row);
+        for (int32_t d = nd - 2; d >= 0 && ++idx[d] == t->shape[d]; d--)
+            idx[d] = 0;
+    }
+}
+
+/* Bring a device view (bytes from data) to the host in one copy through the region's backend. */
+static attnd_err device_to_host(const attnd_region *r, const attnd_tref_spec *sp, const void *data,
+                                uint64_t bytes, void **host, char *err, size_t n)
+{
+    if (bytes > ATTND_HANDLES_SNAP_SPAN_MAX)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: spans %llu bytes of device memory, at most %llu for a tensor the "
+                          "daemon reads",
+                          sp->field, (unsigned long long)bytes,
+                          (unsigned long long)ATTND_HANDLES_SNAP_SPAN_MAX);
+    if ((*host = malloc((size_t)bytes)) == NULL)
+        return attnd_errf(err, n, ATTND_ERR_NO_MEMORY, "%s: cannot allocate %llu bytes", sp->field,
+                          (unsigned long long)bytes);
+    attnd_err rv = attnd_backend_memcpy(r->be, *host, data, (size_t)bytes, ATTND_MEMCPY_D2H);
+    if (rv == ATTND_ERR_OK) return rv;
+    free(*host);
+    *host = NULL;
+    return attnd_errf(err, n, rv, "%s: copying it from device memory: %s", sp->field,
+                      attnd_backend_last_error(r->be));
+}
+
+/* Replace t's data by a contiguous daemon-owned copy of its values (t->data: the client's view,
+ * bytes its span), noted as a host view: nothing reads the client's memory for them again. */
+static attnd_err snapshot(attnd_handles_req *hr, const Attnd__TensorRef *ref,
+                          const attnd_tref_spec *sp, uint64_t bytes, attnd_tensor *t, char *err,
+                          size_t n)
+{
+    const attnd_region *r = ref->region ? find_region(hr, ref->region) : NULL;
+    void *staged = NULL, *copy;
+    const void *src = t->data;
+    size_t dense = (size_t)attnd_tensor_numel(t) * attnd_dtype_size(t->dtype);
+    attnd_err rv;
+    if (hr->nsnap == ATTND_HANDLES_MAX_SNAP)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT, "%s: more than %d index tensors",
+                          sp->field, ATTND_HANDLES_MAX_SNAP);
+    if (r != NULL && r->kind == ATTND__REGION_KIND__CUDA_IPC) {
+        if ((rv = device_to_host(r, sp, t->data, bytes, &staged, err, n)) != ATTND_ERR_OK)
+            return rv;
+        src = staged;
+    }
+    if ((copy = malloc(dense)) == NULL) {
+        free(staged);
+        return attnd_errf(err, n, ATTND_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes", sp->field,
+                          dense);
+    }
+    gather(t, src, copy);
+    free(staged);
+    hr->snap[hr->nsnap++] = copy;
+    int64_t shape[ATTND_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    attnd_tensor_init(t, copy, t->dtype, t->ndim, shape);
+    return note_host_view(hr, copy, dense, sp, err, n);
+}
+
 attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
                                 const attnd_tref_spec *sp, attnd_tensor *t, char *err, size_t n)
 {
@@ -411,7 +534,10 @@ attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *r
         rv = place_inline(hr, ref, sp, bytes, t, err, n);
     else
         rv = place_region(hr, ref, sp, bytes, t, err, n);
-    if (rv == ATTND_ERR_OK && bytes > 0 && (ref->region == 0 || view_in_host(hr, ref->region)))
+    if (rv == ATTND_ERR_OK) rv = note_span(hr, ref, sp, bytes, err, n);
+    if (rv == ATTND_ERR_OK && bytes > 0 && sp->snapshot && !sp->output)
+        rv = snapshot(hr, ref, sp, bytes, t, err, n);
+    else if (rv == ATTND_ERR_OK && bytes > 0 && (ref->region == 0 || view_in_host(hr, ref->region)))
         rv = note_host_view(hr, t->data, bytes, sp, err, n);
     /* an empty view still needs a non-NULL pointer: NULL means "absent" to the kernels */
     if (rv == ATTND_ERR_OK && t->data == NULL) t->data = (void *)hr;

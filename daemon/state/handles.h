@@ -3,8 +3,13 @@
  *
  * Every reference is checked before a kernel sees it: dtype, dims and shape against what the
  * op expects, strides, 64-bit overflow of shape x strides x element size, alignment, and that
- * every byte the view can touch lies inside its region (or inside the INLINE bytes). INLINE
- * outputs get a zeroed host buffer, handed back in the reply. Messages start with the field. */
+ * every byte the view can touch lies inside its region (or inside the INLINE bytes). No output
+ * may share a byte with another tensor of the same request (conservatively: the byte ranges its
+ * shape and strides span, in the same memory whatever the region ids). A tensor whose values the
+ * daemon reads (lengths, layouts) is copied into daemon memory as it is resolved, from any
+ * region kind (device memory through the backend, never dereferenced on the host): checks and
+ * kernels then see only that copy, whatever the client writes meanwhile. INLINE outputs get a
+ * zeroed host buffer, handed back in the reply. Messages start with the field. */
 #ifndef ATTND_STATE_HANDLES_H
 #define ATTND_STATE_HANDLES_H
 
@@ -26,6 +31,7 @@ typedef struct attnd_region {
     attnd_backend *be;     /* CUDA_IPC: the backend that opened it (and closes it) */
     attnd_shmguard *guard; /* HOST_SHM: watches the mapping (a truncated object reads zeros) */
     int32_t guard_id;      /* its entry there, -1 none */
+    uint64_t obj_dev, obj_ino; /* HOST_SHM: the object, whatever name or region id maps it */
     char name[256];
 } attnd_region;
 
@@ -63,9 +69,24 @@ typedef struct attnd_tref_spec {
     int64_t shape[ATTND_MAX_DIMS]; /* -1 = any */
     int output;                    /* written by the op */
     int optional;                  /* a missing reference gives a tensor with data == NULL */
+    int snapshot;                  /* the daemon reads its values: resolved to a daemon copy */
 } attnd_tref_spec;
 
 #define ATTND_HANDLES_MAX_HOST 8
+#define ATTND_HANDLES_MAX_VIEWS 12 /* references of one request */
+#define ATTND_HANDLES_MAX_SNAP 4
+/* Bytes an index tensor in device memory may span (what one snapshot copies to the host). */
+#define ATTND_HANDLES_SNAP_SPAN_MAX ((uint64_t)64 << 20)
+
+/* The client memory one resolved view may touch, for the overlap check. */
+typedef struct attnd_view_span {
+    const char *field;
+    int output;
+    uint32_t region;
+    uint64_t mem_dev, mem_ino; /* the memory: a HOST_SHM object, or (0, 0) for device memory */
+    uint64_t lo, hi;           /* bytes [lo, hi): object offsets, or device addresses */
+    uint64_t offset;           /* lo as an offset into the region (for messages) */
+} attnd_view_span;
 
 /* A resolved view in host memory (INLINE bytes or a HOST_SHM region): a device backend copies
  * it to device memory before the kernel (attnd_devmem_stage_in) and outputs back after. */
@@ -89,13 +110,20 @@ typedef struct attnd_handles_req {
     attnd_host_view host[ATTND_HANDLES_MAX_HOST];
     uint32_t nshm; /* HOST_SHM regions the request's views lie in (checked for faults after) */
     const attnd_region *shm[ATTND_HANDLES_MAX_HOST];
+    uint32_t nspans; /* the region views resolved so far */
+    attnd_view_span spans[ATTND_HANDLES_MAX_VIEWS];
+    uint32_t nsnap; /* daemon copies of index tensors (freed by attnd_handles_req_fini) */
+    void *snap[ATTND_HANDLES_MAX_SNAP];
 } attnd_handles_req;
 
 void attnd_handles_req_init(attnd_handles_req *hr, const attnd_region *regions, uint32_t nregions,
                             uint64_t max_inline_bytes);
-/* Free INLINE output buffers still owned (those not taken by the reply). */
+/* Free INLINE output buffers still owned (those not taken by the reply) and the snapshots. */
 void attnd_handles_req_fini(attnd_handles_req *hr);
-/* Resolve ref (NULL = missing) per spec into t. */
+/* Resolve ref (NULL = missing) per spec into t. INVALID_ARGUMENT naming both tensors when an
+ * output overlaps a tensor resolved before it in hr (or this one, an output, overlaps one). With
+ * spec->snapshot, t is a contiguous daemon-owned copy of the view's values (host memory; a
+ * device backend stages it like any host view). */
 attnd_err attnd_handles_resolve(attnd_handles_req *hr, const Attnd__TensorRef *ref,
                                 const attnd_tref_spec *spec, attnd_tensor *t, char *err, size_t n);
 /* After the kernels and copies: INVALID_ARGUMENT, naming the region, when one of the request's

@@ -18,7 +18,7 @@ static void step_destroy(attnd_steps *ss, attnd_step *st)
 {
     attnd_devmem_index_drop(ss->dm, &st->index);
     free(st->ws);
-    free(st->written);
+    free(st->attended);
     free(st->seqs);
     free(st);
 }
@@ -181,7 +181,7 @@ static attnd_step *step_alloc(const attnd_steps *ss, uint32_t n)
 {
     attnd_step *st = calloc(1, sizeof *st);
     if (st == NULL || (st->seqs = calloc(n, sizeof *st->seqs)) == NULL ||
-        (st->written = calloc(ss->model->geo.num_layers, 1)) == NULL) {
+        (st->attended = calloc(ss->model->geo.num_layers, 1)) == NULL) {
         if (st) free(st->seqs);
         free(st);
         return NULL;
@@ -315,7 +315,6 @@ attnd_err attnd_step_attend(attnd_steps *ss, attnd_step *st, uint32_t layer,
     kernel_clock kc = {.t = attnd_clock_ns()};
     if ((rv = attnd_plan_write_kv(be, &st->plan, st->index.dev, &pl)) != ATTND_ERR_OK)
         return attnd_devmem_kernel_err(ss->dm, rv, "cache_write", err, n);
-    st->written[layer] = 1;
     clock_mark(&kc, ATTND_METRICS_KERNEL_CACHE_WRITE,
                2 * (tensor_bytes(&io->k) + tensor_bytes(&io->v)));
     for (int32_t i = 0; i < st->plan.num_launches; i++) {
@@ -327,48 +326,85 @@ attnd_err attnd_step_attend(attnd_steps *ss, attnd_step *st, uint32_t layer,
         clock_mark(&kc, is3d ? ATTND_METRICS_KERNEL_PAGED_3D : ATTND_METRICS_KERNEL_PAGED_2D,
                    launch_io_bytes(io, l) + launch_kv_bytes(ss->model, l));
     }
-    return attend_finish(ss, host_views, &kc, wait, err, n);
+    if ((rv = attend_finish(ss, host_views, &kc, wait, err, n)) == ATTND_ERR_OK)
+        st->attended[layer] = ATTND_LAYER_ATTENDED;
+    return rv;
 }
 
 /* ---------------------------------------------------------------- EndStep */
 
-/* A committed layer that no Attend wrote reads as zeros, never as what an earlier owner of
- * the blocks (maybe another session) left in those slots. */
-static attnd_err clear_unwritten(attnd_steps *ss, attnd_step *st, char *err, size_t n)
+/* Append "A-B" or "A" (a run of layers) to buf[*k..n) after a ", " when not first. */
+static void put_run(char *buf, size_t n, size_t *k, uint32_t a, uint32_t b)
 {
-    const attnd_cfg_geometry *g = &ss->model->geo;
-    int64_t shape[3] = {st->plan.num_tokens, g->num_kv_heads, g->head_size};
-    size_t bytes = (size_t)shape[0] * (size_t)shape[1] * (size_t)shape[2] * sizeof(float);
-    void *zeros = NULL, *dev = NULL;
-    attnd_attend_io io;
-    attnd_err rv = ATTND_ERR_OK;
-    memset(&io, 0, sizeof io);
-    for (uint32_t l = 0; l < g->num_layers && rv == ATTND_ERR_OK; l++) {
-        if (st->written[l]) continue;
-        if (zeros == NULL && (zeros = calloc(1, bytes)) == NULL) rv = ATTND_ERR_NO_MEMORY;
-        if (rv == ATTND_ERR_OK && dev == NULL) rv = attnd_devmem_upload(ss->dm, zeros, bytes, &dev);
-        if (rv != ATTND_ERR_OK) break;
-        attnd_tensor_init(&io.k, dev, ATTND_DTYPE_F32, 3, shape);
-        io.v = io.k;
-        attnd_plan_layer pl = step_layer(ss, l, &io);
-        rv = attnd_plan_write_kv(ss->dm->be, &st->plan, st->index.dev, &pl);
+    int w = a == b ? snprintf(buf + *k, n - *k, "%s%u", *k ? ", " : "", a)
+                   : snprintf(buf + *k, n - *k, "%s%u-%u", *k ? ", " : "", a, b);
+    *k = w < 0 || (size_t)w >= n - *k ? n - 1 : *k + (size_t)w;
+}
+
+/* The layers of st in `state`, as compact runs ("2-5, 9"); their count. */
+static uint32_t layer_runs(const attnd_step *st, uint32_t layers, uint8_t state, char *buf,
+                           size_t n)
+{
+    uint32_t count = 0;
+    size_t k = 0;
+    buf[0] = '\0';
+    for (uint32_t l = 0; l < layers; l++) {
+        if (st->attended[l] != state) continue;
+        uint32_t e = l;
+        while (e + 1 < layers && st->attended[e + 1] == state)
+            e++;
+        put_run(buf, n, &k, l, e);
+        count += e - l + 1;
+        l = e;
     }
-    attnd_devmem_release(ss->dm, dev, zeros);
-    free(zeros);
-    if (rv != ATTND_ERR_OK)
-        return attnd_devmem_kernel_err(ss->dm, rv,
-                                       "end_step: clearing a layer no Attend wrote failed, step "
-                                       "aborted",
-                                       err, n);
-    return ATTND_ERR_OK;
+    return count;
+}
+
+/* FAILED_PRECONDITION naming the layers not attended, or attended more than once; OK when
+ * every layer was attended exactly once. */
+static attnd_err check_attended(const attnd_steps *ss, const attnd_step *st, char *err, size_t n)
+{
+    char open[160], twice[160], missing[192] = "";
+    uint32_t L = ss->model->geo.num_layers;
+    uint32_t nopen = layer_runs(st, L, ATTND_LAYER_OPEN, open, sizeof open);
+    uint32_t ntwice = layer_runs(st, L, ATTND_LAYER_REPEATED, twice, sizeof twice);
+    if (nopen == 0 && ntwice == 0) return ATTND_ERR_OK;
+    if (nopen)
+        snprintf(missing, sizeof missing, "%s%s %s not attended", ntwice ? "; " : "",
+                 nopen == 1 ? "layer" : "layers", open);
+    if (ntwice == 0)
+        return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
+                          "end_step: %s in step %llu (a commit needs every layer attended once: "
+                          "attend them, or abort)",
+                          missing, (unsigned long long)st->id);
+    return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
+                      "end_step: %s %s attended more than once%s in step %llu (a commit needs "
+                      "every layer attended exactly once: abort the step)",
+                      ntwice == 1 ? "layer" : "layers", twice, missing, (unsigned long long)st->id);
+}
+
+attnd_err attnd_step_layer_check(attnd_step *st, uint32_t layer, char *err, size_t n)
+{
+    if (st->attended[layer] == ATTND_LAYER_OPEN) return ATTND_ERR_OK;
+    st->attended[layer] = ATTND_LAYER_REPEATED;
+    return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
+                      "layer: %u already attended in step %llu (once per layer and step; the "
+                      "step can now only be aborted)",
+                      layer, (unsigned long long)st->id);
+}
+
+void attnd_step_layer_void(attnd_step *st, uint32_t layer)
+{
+    if (st->attended[layer] == ATTND_LAYER_ATTENDED) st->attended[layer] = ATTND_LAYER_OPEN;
 }
 
 attnd_err attnd_step_end(attnd_steps *ss, attnd_session *s, attnd_step *st, int abort, char *err,
                          size_t n)
 {
-    attnd_err rv = abort ? ATTND_ERR_OK : attnd_step_index(ss, st, err, n);
-    if (rv == ATTND_ERR_OK && !abort) rv = clear_unwritten(ss, st, err, n);
-    step_finish(ss, st, !abort && rv == ATTND_ERR_OK);
+    attnd_err rv = ATTND_ERR_OK;
+    if (!abort && (rv = check_attended(ss, st, err, n)) != ATTND_ERR_OK)
+        return rv; /* the step stays open */
+    step_finish(ss, st, !abort);
     s->nsteps--;
     return rv;
 }

@@ -1,9 +1,10 @@
 /* Steps: BeginStep reserves cache slots for every sequence's new tokens (all or nothing),
  * copies shared partial blocks (COW) and plans the step once (attnd/plan.h), its index arrays
  * uploaded once; each Attend writes one layer's new K/V into the cache and runs the planned
- * launches with no host-side planning; EndStep commits the tokens (a layer no Attend wrote
- * reads as zeros) or aborts (every reserved block released, the sequences exactly as before).
- * Executor thread only. */
+ * launches with no host-side planning, once per layer (a second Attend of a layer is refused);
+ * EndStep commits the tokens only when every layer was attended exactly once (otherwise
+ * FAILED_PRECONDITION naming the layers, and the step stays open), or aborts (always allowed:
+ * every reserved block released, the sequences exactly as before). Executor thread only. */
 #ifndef ATTND_STATE_STEP_H
 #define ATTND_STATE_STEP_H
 
@@ -17,6 +18,9 @@
 #include "model.h"
 #include "session.h"
 
+/* What the Attends of a step did to one layer. */
+enum { ATTND_LAYER_OPEN = 0, ATTND_LAYER_ATTENDED = 1, ATTND_LAYER_REPEATED = 2 };
+
 typedef struct attnd_step {
     uint64_t id, owner;
     uint32_t nseqs;
@@ -24,7 +28,7 @@ typedef struct attnd_step {
     void *ws; /* host plan workspace */
     attnd_plan plan;
     attnd_index_ref index; /* the plan's index arrays where the backend reads them */
-    uint8_t *written;      /* [num_layers]: an Attend wrote this layer's K/V */
+    uint8_t *attended;     /* [num_layers]: ATTND_LAYER_* */
     struct attnd_step *next;
 } attnd_step;
 
@@ -74,16 +78,25 @@ attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_r
 /* Step id of s: NOT_FOUND when s has no such step open. */
 attnd_err attnd_step_find(attnd_steps *ss, const attnd_session *s, uint64_t id, attnd_step **out,
                           char *err, size_t n);
+/* Layer `layer` (< num_layers) may be attended in st: FAILED_PRECONDITION when an Attend of it
+ * already succeeded in this step (the layer is then marked repeated: st can only abort). */
+attnd_err attnd_step_layer_check(attnd_step *st, uint32_t layer, char *err, size_t n);
+/* An Attend of layer whose kernels ran but whose result is void (its reply is an error): the
+ * layer counts as not attended, and may be attended again (rewriting the same slots). */
+void attnd_step_layer_void(attnd_step *st, uint32_t layer);
 /* Make st's index arrays readable by the backend again (its slot may have been reused). */
 attnd_err attnd_step_index(attnd_steps *ss, attnd_step *st, char *err, size_t n);
-/* Run layer `layer` of st (< num_layers; attnd_step_index done): write io's new K/V rows, run
- * the launches. With device-resident tensors only (host_views 0) on a device backend the
- * kernels are left running behind wait->fence; otherwise this waits for them. */
+/* Run layer `layer` of st (< num_layers; attnd_step_layer_check and attnd_step_index done):
+ * write io's new K/V rows, run the launches; on success the layer counts as attended. With
+ * device-resident tensors only (host_views 0) on a device backend the kernels are left running
+ * behind wait->fence; otherwise this waits for them. */
 attnd_err attnd_step_attend(attnd_steps *ss, attnd_step *st, uint32_t layer,
                             const attnd_attend_io *io, int host_views, attnd_kernel_wait *wait,
                             char *err, size_t n);
-/* Commit (zeros written into every layer no Attend wrote) or abort st, and free it. A failed
- * commit aborts. */
+/* Abort st, or commit it when every layer was attended exactly once, and free it. A commit
+ * with layers not attended, or attended more than once, is FAILED_PRECONDITION naming them
+ * ("layers 2-5, 9 not attended"), and st stays open (attend the missing layers and end it
+ * again, or abort it). A commit that fails otherwise aborts. */
 attnd_err attnd_step_end(attnd_steps *ss, attnd_session *s, attnd_step *st, int abort, char *err,
                          size_t n);
 

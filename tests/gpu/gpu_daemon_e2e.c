@@ -14,11 +14,14 @@
  *     (attnd_plan_run_layer, kernels/plan/): bit-identical, out and LSE;
  *   - the cpu backend on the same inputs: relative L2 within attnd_tol_for(bf16) (LSE 1e-3).
  * Steps 0..49 travel over the shared-memory channel the client opens on ipc://, steps 50..100
- * over the socket. Outputs are poisoned (NaN) before each request. Then: the same Attend through
- * host shm and INLINE outputs (staged by the daemon) gives the same bits; a bad IPC handle, a
- * region larger than its allocation, a reference past the region's end and an unknown region get
- * errors (and the daemon keeps serving); a cpu daemon refuses CUDA_IPC with UNSUPPORTED; and
- * several clients at once get bit for bit what one gets alone (e2e_concurrent.c).
+ * over the socket. Outputs are poisoned (NaN) before each request. One layer of step 30 goes
+ * through host shm and INLINE outputs instead (staged by the daemon): the same bits. A bad IPC
+ * handle, a region larger than its allocation, a reference past the region's end and an unknown
+ * region get errors (and the daemon keeps serving); a cpu daemon refuses CUDA_IPC with UNSUPPORTED;
+ * and several clients at once get bit for bit what one gets alone (e2e_concurrent.c). Before the
+ * steps: varlen and block-sparse with cu_seqlens and layouts in device memory, read (copied to
+ * the daemon's host, never dereferenced there), checked, and flipped by a thread with cudaMemcpy
+ * during requests (e2e_indices.c).
  *
  * Prints "gpu_daemon_e2e: N passed, M failed"; exit status 1 on any failure. */
 #include <cuda_runtime.h>
@@ -33,6 +36,7 @@
 #include "check.h"
 #include "daemon_proc.h"
 #include "e2e_concurrent.h"
+#include "e2e_indices.h"
 #include "testutil.h"
 
 #define NL 32
@@ -305,8 +309,33 @@ static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T
     AK(attnd_plan_run_layer(w->cpu, plan, plan->slot_mapping, &c, w->hws3d), w->cpu);
 }
 
+/* The Attend with Q/K/V in host shm and INLINE outputs (the daemon stages them), its outputs
+ * into w->hout and w->hlse: a layer of its own (a layer is attended once per step). */
+static attnd_err staged_attend(worker *w, uint64_t step, int layer, int64_t T)
+{
+    attnd_shm shm;
+    attnd_ref q, k, v, out, lse;
+    size_t nq = (size_t)T * HQ * HD, nkv = (size_t)T * HK * HD;
+    int64_t sq[3] = {T, HQ, HD}, sk[3] = {T, HK, HD}, sl[2] = {HQ, T};
+    attnd_err rv = attnd_client_shm_create(w->c, (nq + 2 * nkv) * 2, &shm);
+    if (rv != ATTND_ERR_OK) return rv;
+    memcpy(shm.base, w->hq, nq * 2);
+    memcpy((char *)shm.base + nq * 2, w->hk, nkv * 2);
+    memcpy((char *)shm.base + (nq + nkv) * 2, w->hv, nkv * 2);
+    attnd_ref_shm(&q, &shm, 0, ATTND_DTYPE_BF16, 3, sq);
+    attnd_ref_shm(&k, &shm, nq * 2, ATTND_DTYPE_BF16, 3, sk);
+    attnd_ref_shm(&v, &shm, (nq + nkv) * 2, ATTND_DTYPE_BF16, 3, sk);
+    attnd_ref_inline_out(&out, w->hout, ATTND_DTYPE_BF16, 3, sq);
+    attnd_ref_inline_out(&lse, w->hlse, ATTND_DTYPE_F32, 2, sl);
+    rv = attnd_client_attend(w->c, step, (uint32_t)layer, &q, &k, &v, &out, &lse);
+    attnd_client_shm_destroy(w->c, &shm);
+    return rv;
+}
+
+/* One layer through the daemon (Q/K/V/out/LSE in the IPC region, or staged: host shm and INLINE
+ * outputs) against the direct CUDA ops and the cpu backend on the same inputs. */
 static layer_result run_layer(worker *w, const attnd_plan *plan, uint64_t step, int layer,
-                              float scale)
+                              float scale, int staged)
 {
     layer_result res = {0, INFINITY, INFINITY};
     int64_t T = plan->num_tokens;
@@ -319,15 +348,18 @@ static layer_result run_layer(worker *w, const attnd_plan *plan, uint64_t step, 
     CU(cudaMemcpy(w->dbuf + w->off_v, w->hv, nkv * 2, cudaMemcpyHostToDevice));
     CU(cudaMemset(w->dbuf + w->off_out, 0xff, nq * 2));
     CU(cudaMemset(w->dbuf + w->off_lse, 0xff, nl * 4));
-    attnd_err rv = daemon_attend(w, step, layer, T, w->off_out);
+    attnd_err rv =
+        staged ? staged_attend(w, step, layer, T) : daemon_attend(w, step, layer, T, w->off_out);
     if (rv != ATTND_ERR_OK) {
         printf("attend step %llu layer %d: %s: %s\n", (unsigned long long)step, layer,
                attnd_err_name(rv), attnd_client_last_error(w->c));
         return res;
     }
     direct_layer(w, plan, layer, T, scale);
-    CU(cudaMemcpy(w->hout, w->dbuf + w->off_out, nq * 2, cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(w->hlse, w->dbuf + w->off_lse, nl * 4, cudaMemcpyDeviceToHost));
+    if (!staged) {
+        CU(cudaMemcpy(w->hout, w->dbuf + w->off_out, nq * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(w->hlse, w->dbuf + w->off_lse, nl * 4, cudaMemcpyDeviceToHost));
+    }
     CU(cudaMemcpy(w->hout_direct, w->dout, nq * 2, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(w->hlse_direct, w->dlse, nl * 4, cudaMemcpyDeviceToHost));
     res.identical = memcmp(w->hout, w->hout_direct, nq * 2) == 0 &&
@@ -338,42 +370,6 @@ static layer_result run_layer(worker *w, const attnd_plan *plan, uint64_t step, 
 }
 
 /* ---------------------------------------------------------------- extra checks in a step */
-
-/* The same Attend with Q/K/V in host shm and INLINE outputs (the daemon stages them): the
- * same bits as through the IPC region. Run right after the IPC Attend of this layer. */
-static void check_staged(worker *w, uint64_t step, int layer, int64_t T)
-{
-    attnd_shm shm;
-    attnd_ref q, k, v, out, lse;
-    size_t nq = (size_t)T * HQ * HD, nkv = (size_t)T * HK * HD, nl = (size_t)T * HQ;
-    int64_t sq[3] = {T, HQ, HD}, sk[3] = {T, HK, HD}, sl[2] = {HQ, T};
-    uint16_t *o = xmalloc(nq * 2);
-    float *l = xmalloc(nl * 4);
-    attnd_err crv = attnd_client_shm_create(w->c, (nq + 2 * nkv) * 2, &shm);
-    int ok = crv == ATTND_ERR_OK;
-    if (!ok) printf("shm_create: %s\n", attnd_client_last_error(w->c));
-    if (ok) {
-        memcpy(shm.base, w->hq, nq * 2);
-        memcpy((char *)shm.base + nq * 2, w->hk, nkv * 2);
-        memcpy((char *)shm.base + (nq + nkv) * 2, w->hv, nkv * 2);
-        attnd_ref_shm(&q, &shm, 0, ATTND_DTYPE_BF16, 3, sq);
-        attnd_ref_shm(&k, &shm, nq * 2, ATTND_DTYPE_BF16, 3, sk);
-        attnd_ref_shm(&v, &shm, (nq + nkv) * 2, ATTND_DTYPE_BF16, 3, sk);
-        attnd_ref_inline_out(&out, o, ATTND_DTYPE_BF16, 3, sq);
-        attnd_ref_inline_out(&lse, l, ATTND_DTYPE_F32, 2, sl);
-        attnd_err rv = attnd_client_attend(w->c, step, (uint32_t)layer, &q, &k, &v, &out, &lse);
-        if (rv != ATTND_ERR_OK) printf("staged attend: %s\n", attnd_client_last_error(w->c));
-        ok = rv == ATTND_ERR_OK && memcmp(o, w->hout, nq * 2) == 0 &&
-             memcmp(l, w->hlse, nl * 4) == 0;
-        if (rv == ATTND_ERR_OK && !ok)
-            printf("staged: out err vs IPC %.3e, lse err %.3e\n", rel_err_bf16(o, w->hout, nq),
-                   rel_err_f32(l, w->hlse, nl));
-        attnd_client_shm_destroy(w->c, &shm);
-    }
-    check(w, ok, "host shm + INLINE outputs on the cuda backend (staged): same bits as IPC");
-    free(o);
-    free(l);
-}
 
 /* References the daemon must refuse, in an open step; it keeps serving afterwards. */
 static void check_bad_refs(worker *w, uint64_t step, int64_t T)
@@ -411,6 +407,11 @@ static void check_bad_handles(worker *w)
     rv = attnd_client_region_register_cuda(w->c, again, &w->handle, 4096, 0);
     check(w, rv == ATTND_ERR_OK && attnd_client_region_unregister(w->c, again) == ATTND_ERR_OK,
           "the same handle under a second id registers and unregisters");
+}
+
+static void worker_check(void *arg, int ok, const char *what)
+{
+    check(arg, ok, what);
 }
 
 /* ---------------------------------------------------------------- the run */
@@ -480,14 +481,19 @@ static void run_step(worker *w, int step, float scale, double *worst)
         free(ws);
         return;
     }
+    /* refused Attends do not count: the layers are attended once after them */
+    if (step == 40) check_bad_refs(w, st.id, plan.num_tokens);
     for (int l = 0; l < NL; l++) {
-        layer_result r = run_layer(w, &plan, st.id, l, scale);
+        int staged = step == 30 && l == 5;
+        layer_result r = run_layer(w, &plan, st.id, l, scale, staged);
         identical = identical && r.identical;
         eo = fmax(eo, r.err_out);
         el = fmax(el, r.err_lse);
-        if (step == 30 && l == 5) check_staged(w, st.id, l, plan.num_tokens);
+        if (staged)
+            check(w, r.identical,
+                  "host shm + INLINE outputs on the cuda backend (staged): same bits as the "
+                  "direct CUDA ops");
     }
-    if (step == 40) check_bad_refs(w, st.id, plan.num_tokens);
     attnd_err rv = attnd_client_step_end(w->c, st.id, 0);
     for (int i = 0; i < in.n; i++)
         w->len[in.seq[i]] += (int32_t)in.new_tokens[i];
@@ -568,6 +574,7 @@ int main(void)
     if (worker_open(&w, &gpu_d) == 0) {
         char report[320];
         check_bad_handles(&w);
+        attnd_e2e_device_indices(&gpu_d, w.cpu, worker_check, &w);
         run_steps(&w);
         check_cpu_daemon(&w, &cpu_d);
         check(&w, attnd_e2e_concurrent(&gpu_d, report, sizeof report) == 0, report);

@@ -7,7 +7,7 @@
         q = r.array((5, g["num_q_heads"], g["head_size"]))
         ...
         c.create(1)
-        with c.step([(1, 5)]) as step:              # EndStep, or abort on an exception
+        with c.step([(1, 5)]) as step:              # EndStep (every layer once), or abort on raise
             for layer in range(g["num_layers"]):
                 c.attend(step, layer, q, k, v, out=o)   # all by reference
 
