@@ -71,6 +71,12 @@ static attnd_err check_mode(const attnd_config *c, const attnd_cfg_key *k, char 
     if (len < 3 || len > 4 || strspn(v, "01234567") != len)
         return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
                           "%s: \"%s\" is not an octal mode like \"0660\"", k->name, v);
+    /* permission bits only: setuid, setgid and sticky mean nothing on a socket but a mistake */
+    if (strtol(v, NULL, 8) > 0777)
+        return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: \"%s\" sets setuid/setgid/sticky bits (permission bits only, "
+                          "0000..0777)",
+                          k->name, v);
     return ATTND_ERR_OK;
 }
 
@@ -79,9 +85,11 @@ static attnd_err check_http(const attnd_config *c, const attnd_cfg_key *k, char 
     const char *v = c->http.listen, *port;
     if (v[0] == '\0') return ATTND_ERR_OK;
     port = strrchr(v, ':');
+    /* at most 5 digits before the value is read: a longer one would overflow the conversion */
+    size_t digits = port ? strlen(port + 1) : 0;
     if (strncmp(v, "http://", 7) != 0 || v[7] == '\0' || port == NULL || port < v + 8 ||
-        port[1] == '\0' || strspn(port + 1, "0123456789") != strlen(port + 1) ||
-        atoi(port + 1) > 65535)
+        digits == 0 || digits > 5 || strspn(port + 1, "0123456789") != digits ||
+        strtol(port + 1, NULL, 10) > 65535)
         return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
                           "%s: \"%s\" is not http://HOST:PORT (or \"\" for off)", k->name, v);
     return ATTND_ERR_OK;
@@ -132,7 +140,8 @@ static const attnd_cfg_key cfg_keys[] = {
     STR("server.listen", server.listen, "ipc:///tmp/attnd.sock", check_url, 0, "main listener"),
     STR("server.listen_tcp", server.listen_tcp, "", check_url, 0,
         "optional tcp:// or tls+tcp:// listener"),
-    STR("server.ipc_mode", server.ipc_mode, "0660", check_mode, 0, "ipc socket file mode"),
+    STR("server.ipc_mode", server.ipc_mode, "0660", check_mode, 0,
+        "ipc socket file mode, permission bits only"),
     STR("server.ipc_group", server.ipc_group, "", NULL, 0, "ipc socket file group"),
     STR("server.token", server.token, "", NULL, 1, "shared token asked in Hello"),
     STR("server.tls_cert_key_file", server.tls_cert_key_file, "", check_tls, 0,
