@@ -87,7 +87,15 @@ static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
 static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
 {
     Attnd__StatusReply *st = &r->status;
-    (void)c;
+    attnd_session *s;
+    /* with a token, what Status tells is for clients that gave it: the session of such a Hello
+     * on this very connection */
+    if (sv->token[0] &&
+        attnd_session_get(&sv->sessions, c->req->session, c->pipe, &s, r->msg, sizeof r->msg))
+        return attnd_reply_fail(r, ATTND_ERR_PERMISSION_DENIED,
+                                "token: server.token is set; Status needs the session of a Hello "
+                                "that gave it, on this connection (session %llu)",
+                                (unsigned long long)c->req->session);
     attnd__status_reply__init(st);
     fill_geometry(sv, &r->geometry);
     st->version = (char *)ATTND_VERSION_STRING;
