@@ -180,6 +180,8 @@ static const attnd_cfg_key cfg_keys[] = {
     U32("linear.heads", linear.heads, 0, 1024, 8, NULL, 0, "linear-attention heads"),
     U32("linear.head_dim", linear.head_dim, 0, 256, 64, NULL, 0, "linear-attention head dim"),
     U32("limits.max_sessions", limits.max_sessions, 1, 65536, 64, NULL, 1, "sessions"),
+    U32("limits.max_sessions_per_connection", limits.max_sessions_per_connection, 1, 65536, 4, NULL,
+        1, "sessions one connection may hold (Hellos on it beyond are refused)"),
     U32("limits.max_seqs", limits.max_seqs, 1, 1048576, 256, NULL, 1, "sequences per session"),
     U32("limits.max_step_tokens", limits.max_step_tokens, 1, 16777216, 8192, NULL, 1,
         "new tokens per step"),

@@ -56,6 +56,7 @@ typedef struct attnd_cfg_linear {
 
 typedef struct attnd_cfg_limits {
     uint32_t max_sessions, max_seqs, max_step_tokens, max_regions, max_steps;
+    uint32_t max_sessions_per_connection;
     uint64_t max_inline_bytes;
     uint32_t request_timeout_ms; /* 0 = none */
     uint32_t reclaim_timeout_ms; /* sessions of a dropped connection live this long */

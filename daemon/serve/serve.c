@@ -124,7 +124,9 @@ void attnd_serve_pipe_closed(attnd_serve *sv, uint32_t pipe)
     attnd_inflight_drain(&sv->inflight); /* its CUDA_IPC regions close next: no kernel may
                                             still read them */
     attnd_sessions_disconnect(&sv->sessions, pipe, attnd_clock_ms(), serve_session_gone, sv);
-    if (sv->limits.reclaim_timeout_ms == 0) attnd_serve_sweep(sv);
+    /* those without sequences (and any, with no reclaim timeout) go at once: nothing to keep,
+     * and fast connect/Hello/close cycles must not hold the session slots */
+    attnd_serve_sweep(sv);
 }
 
 void attnd_serve_sweep(attnd_serve *sv)
