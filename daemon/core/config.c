@@ -154,6 +154,10 @@ static const attnd_cfg_key cfg_keys[] = {
         "executor keeps polling this long after its last work before it sleeps"),
     U64("server.max_message_bytes", server.max_message_bytes, 4096, I31, 64.0 * 1048576, 0,
         "largest request accepted"),
+    U32("server.max_message_bytes_before_hello", server.max_message_bytes_before_hello, 1024, I31,
+        65536, NULL, 0,
+        "largest request accepted on a connection before a Hello succeeded on it (capped at "
+        "server.max_message_bytes)"),
     U32("server.drain_timeout_ms", server.drain_timeout_ms, 0, 600000, 10000, NULL, 0,
         "SIGTERM drain budget"),
     U32("geometry.num_layers", geometry.num_layers, 1, 1024, 2, NULL, 0, "layers"),

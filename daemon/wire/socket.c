@@ -29,6 +29,11 @@ typedef struct sock_slot {
     uint64_t t_recv_ms;
 } sock_slot;
 
+typedef struct sock_pipe {
+    uint32_t id;
+    int hello; /* a Hello succeeded on it: messages up to server.max_message_bytes */
+} sock_pipe;
+
 struct attnd_socket {
     attnd_log *log;
     attnd_wire *wire;
@@ -39,8 +44,9 @@ struct attnd_socket {
     sock_slot *slots;
     uint32_t nslots, queue_depth;
     atomic_int draining, stopping;
+    uint32_t hello_max_bytes; /* largest message a connection may send before its Hello */
     pthread_mutex_t pipes_mu; /* live connections, sorted: NNG callbacks add and remove, the */
-    uint32_t *pipes;          /* executor asks (a Hello from a closed one opens no session) */
+    sock_pipe *pipes;         /* executor asks (a Hello from a closed one opens no session) */
     uint32_t npipes, pipes_cap;
 };
 
@@ -52,7 +58,7 @@ static uint32_t pipes_find(const attnd_socket *sock, uint32_t id)
     uint32_t lo = 0, hi = sock->npipes;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (sock->pipes[mid] < id)
+        if (sock->pipes[mid].id < id)
             lo = mid + 1;
         else
             hi = mid;
@@ -73,14 +79,14 @@ static void pipes_add(attnd_socket *sock, uint32_t id)
     pthread_mutex_lock(&sock->pipes_mu);
     if (sock->npipes == sock->pipes_cap) {
         uint32_t cap = sock->pipes_cap ? sock->pipes_cap * 2 : 64;
-        uint32_t *np = realloc(sock->pipes, (size_t)cap * sizeof *np);
+        sock_pipe *np = realloc(sock->pipes, (size_t)cap * sizeof *np);
         if (np == NULL) goto done; /* its Hello will be refused as from a closed connection */
         sock->pipes = np;
         sock->pipes_cap = cap;
     }
     uint32_t i = pipes_find(sock, id);
-    memmove(sock->pipes + i + 1, sock->pipes + i, (size_t)(sock->npipes - i) * sizeof(uint32_t));
-    sock->pipes[i] = id;
+    memmove(sock->pipes + i + 1, sock->pipes + i, (size_t)(sock->npipes - i) * sizeof *sock->pipes);
+    sock->pipes[i] = (sock_pipe){id, 0};
     sock->npipes++;
 done:
     pipes_gauge(sock);
@@ -91,22 +97,38 @@ static void pipes_remove(attnd_socket *sock, uint32_t id)
 {
     pthread_mutex_lock(&sock->pipes_mu);
     uint32_t i = pipes_find(sock, id);
-    if (i < sock->npipes && sock->pipes[i] == id) {
+    if (i < sock->npipes && sock->pipes[i].id == id) {
         sock->npipes--;
         memmove(sock->pipes + i, sock->pipes + i + 1,
-                (size_t)(sock->npipes - i) * sizeof(uint32_t));
+                (size_t)(sock->npipes - i) * sizeof *sock->pipes);
     }
     pipes_gauge(sock);
     pthread_mutex_unlock(&sock->pipes_mu);
 }
 
-static int pipes_has(attnd_socket *sock, uint32_t id)
+/* Whether connection id is live (has) and had a Hello succeed (hello). */
+static void pipes_get(attnd_socket *sock, uint32_t id, int *has, int *hello)
 {
     pthread_mutex_lock(&sock->pipes_mu);
     uint32_t i = pipes_find(sock, id);
-    int has = i < sock->npipes && sock->pipes[i] == id;
+    *has = i < sock->npipes && sock->pipes[i].id == id;
+    *hello = *has && sock->pipes[i].hello;
     pthread_mutex_unlock(&sock->pipes_mu);
+}
+
+static int pipes_has(attnd_socket *sock, uint32_t id)
+{
+    int has, hello;
+    pipes_get(sock, id, &has, &hello);
     return has;
+}
+
+static void pipes_set_hello(attnd_socket *sock, uint32_t id)
+{
+    pthread_mutex_lock(&sock->pipes_mu);
+    uint32_t i = pipes_find(sock, id);
+    if (i < sock->npipes && sock->pipes[i].id == id) sock->pipes[i].hello = 1;
+    pthread_mutex_unlock(&sock->pipes_mu);
 }
 
 /* ---------------------------------------------------------------- the transport's replies */
@@ -150,8 +172,14 @@ static void slot_reply_drop(attnd_wire_call *c)
     slot_recv(sl);
 }
 
+static void slot_hello_ok(attnd_wire_call *c)
+{
+    sock_slot *sl = (sock_slot *)c;
+    pipes_set_hello(sl->sock, sl->pipe);
+}
+
 static const attnd_transport_ops socket_ops = {slot_reply_cap, slot_reply_buf, slot_reply_send,
-                                               slot_reply_drop};
+                                               slot_reply_drop, slot_hello_ok};
 
 /* ---------------------------------------------------------------- requests */
 
@@ -166,6 +194,13 @@ static void socket_exec_cb(void *arg, uint64_t value)
     attnd_wire_deliver(&sl->call, req, pipe, attnd_clock_ms() - sl->t_recv_ms);
 }
 
+static int slot_after_hello(sock_slot *sl)
+{
+    int has, hello;
+    pipes_get(sl->sock, sl->pipe, &has, &hello);
+    return hello;
+}
+
 static void slot_on_request(sock_slot *sl)
 {
     attnd_socket *sock = sl->sock;
@@ -177,7 +212,17 @@ static void slot_on_request(sock_slot *sl)
     sl->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
     sl->t_recv_ms = attnd_clock_ms();
     attnd_wire_received(sock->wire, &sl->call, &socket_ops, len);
-    Attnd__Request *req = attnd_wire_decode(nng_msg_body(msg), len, &id, &code, text, sizeof text);
+    if (len > sock->hello_max_bytes && !slot_after_hello(sl)) {
+        nng_msg_free(msg);
+        snprintf(text, sizeof text,
+                 "request: %zu bytes before a Hello succeeded on this connection (at most "
+                 "server.max_message_bytes_before_hello = %u until then)",
+                 len, sock->hello_max_bytes);
+        attnd_wire_fail(&sl->call, 0, ATTND_ERR_PROTOCOL, text);
+        return;
+    }
+    Attnd__Request *req = attnd_wire_decode_max(
+        nng_msg_body(msg), len, attnd_wire_max_elements(sock->wire), &id, &code, text, sizeof text);
     nng_msg_free(msg);
     sl->call.req_type = attnd_metrics_req_from_field(req ? (uint32_t)req->body_case : 0);
     if (req == NULL) {
@@ -341,6 +386,7 @@ attnd_err attnd_socket_alloc(attnd_socket **out, const attnd_config *cfg, attnd_
     pthread_mutex_init(&sock->pipes_mu, NULL);
     sock->nslots = cfg->server.workers;
     sock->queue_depth = cfg->server.queue_depth;
+    sock->hello_max_bytes = (uint32_t)cfg->server.max_message_bytes_before_hello;
     sock->slots = calloc(sock->nslots, sizeof *sock->slots);
     if (sock->slots == NULL) {
         pthread_mutex_destroy(&sock->pipes_mu);

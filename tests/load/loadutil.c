@@ -27,17 +27,29 @@ int64_t lu_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-long lu_rss_kib(pid_t pid)
+/* The "<key>: N kB" line of /proc/pid/status. */
+static long status_kib(pid_t pid, const char *key)
 {
-    char path[64], line[256];
+    char path[64], line[256], fmt[48];
     long kib = -1;
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    snprintf(fmt, sizeof fmt, "%s: %%ld kB", key);
     FILE *f = fopen(path, "r");
     if (f == NULL) return -1;
     while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+        if (sscanf(line, fmt, &kib) == 1) break;
     fclose(f);
     return kib;
+}
+
+long lu_rss_kib(pid_t pid)
+{
+    return status_kib(pid, "VmRSS");
+}
+
+long lu_hwm_kib(pid_t pid)
+{
+    return status_kib(pid, "VmHWM");
 }
 
 /* ---------------------------------------------------------------- the daemon's log */

@@ -40,6 +40,8 @@ int lu_step_const_v(attnd_client *c, uint64_t seq, uint32_t new_tokens, float va
 
 /* VmRSS of a process in KiB (-1 if unknown). */
 long lu_rss_kib(pid_t pid);
+/* VmHWM (peak RSS) of a process in KiB (-1 if unknown). */
+long lu_hwm_kib(pid_t pid);
 /* Microsecond sleep and a monotonic clock in ms. */
 void lu_sleep_ms(int ms);
 int64_t lu_now_ms(void);

@@ -117,3 +117,97 @@ Test(lockout, fast_connect_hello_close_cycles_leave_room, .timeout = 180)
     attnd_client_free(c);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 }
+
+/* ---------------------------------------------------------------- memory (item 9) */
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+/* Request{id, session, begin_step: BeginStep{seqs: n empty StepSeq}}: 2 bytes on the wire per
+ * entry, one allocated struct (and a pointer) each once decoded. */
+static nng_msg *begin_step_of_empty_entries(size_t n, uint64_t id, uint64_t session)
+{
+    uint8_t head[40];
+    size_t h = 0;
+    nng_msg *m = NULL;
+    head[h++] = 0x08; /* id */
+    h += put_varint(head + h, id);
+    head[h++] = 0x10; /* session */
+    h += put_varint(head + h, session);
+    head[h++] = 0x92; /* begin_step = 18, length-delimited */
+    head[h++] = 0x01;
+    h += put_varint(head + h, 2 * n);
+    cr_assert_eq(nng_msg_alloc(&m, h + 2 * n), 0);
+    uint8_t *p = nng_msg_body(m);
+    memcpy(p, head, h);
+    for (size_t i = 0; i < n; i++) {
+        p[h + 2 * i] = 0x0a; /* seqs = 1, length-delimited */
+        p[h + 2 * i + 1] = 0x00;
+    }
+    return m;
+}
+
+/* Send m on a raw socket and return the reply's code (its message into msg). */
+static uint32_t send_raw_msg(uint32_t sock, nng_msg *m, char *msg, size_t n)
+{
+    nng_socket s = {.id = sock};
+    cr_assert_eq(nng_sendmsg(s, m, 0), 0);
+    cr_assert_eq(nng_recvmsg(s, &m, 0), 0, "no reply");
+    Attnd__Reply *rep = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    nng_msg_free(m);
+    cr_assert_not_null(rep);
+    snprintf(msg, n, "%s", rep->message ? rep->message : "");
+    uint32_t code = rep->code;
+    attnd__reply__free_unpacked(rep, NULL);
+    return code;
+}
+
+Test(lockout, a_60_mib_request_of_empty_entries_allocates_nothing_big, .timeout = 180)
+{
+    attnd_daemon_proc d;
+    uint32_t s;
+    char msg[512];
+    const size_t entries = 30u << 20; /* 60 MiB on the wire */
+    cr_assert_eq(attnd_daemon_start(&d, LOCKOUT_CONFIG("", "")), 0);
+    long hwm0 = lu_hwm_kib(d.pid);
+    cr_assert_gt(hwm0, 0);
+    cr_assert_eq(lu_raw_open(d.url, 60000, &s), 0);
+    /* before any Hello: refused for its size before it is decoded */
+    uint32_t code = send_raw_msg(s, begin_step_of_empty_entries(entries, 1, 0), msg, sizeof msg);
+    long hwm1 = lu_hwm_kib(d.pid);
+    fprintf(stderr, "lockout: before Hello: %u \"%s\", peak RSS %ld -> %ld KiB\n", code, msg, hwm0,
+            hwm1);
+    cr_assert_neq(code, ATTND_ERR_OK);
+    cr_assert_not_null(strstr(msg, "Hello"), "\"%s\" does not say Hello comes first", msg);
+    /* the message itself (60 MiB) is held once; its decoded form would be 2.8 GB */
+    cr_assert_lt(hwm1 - hwm0, 160 * 1024, "peak RSS grew by %ld KiB", hwm1 - hwm0);
+
+    /* after Hello: the element count is bounded before anything is allocated */
+    Attnd__Reply *rep = hello_raw(s, 2);
+    cr_assert_eq(rep->code, ATTND_ERR_OK);
+    uint64_t session = rep->hello->session;
+    attnd__reply__free_unpacked(rep, NULL);
+    code = send_raw_msg(s, begin_step_of_empty_entries(entries, 3, session), msg, sizeof msg);
+    long hwm2 = lu_hwm_kib(d.pid);
+    fprintf(stderr, "lockout: after Hello: %u \"%s\", peak RSS %ld -> %ld KiB\n", code, msg, hwm0,
+            hwm2);
+    cr_assert_eq(code, ATTND_ERR_PROTOCOL, "%u: %s", code, msg);
+    cr_assert_not_null(strstr(msg, "elements"), "\"%s\" does not name the element count", msg);
+    cr_assert_lt(hwm2 - hwm0, 160 * 1024, "peak RSS grew by %ld KiB", hwm2 - hwm0);
+    lu_raw_close(s);
+    /* and it serves on */
+    attnd_client *c = NULL;
+    char why[256];
+    cr_assert_eq(hello_within(&d, 5000, &c), ATTND_ERR_OK);
+    cr_assert_eq(attnd_client_seq_create(c, 1, NULL), ATTND_ERR_OK);
+    cr_assert_eq(lu_step_const_v(c, 1, 3, 0.5f, why, sizeof why), 0, "%s", why);
+    attnd_client_free(c);
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
