@@ -158,6 +158,12 @@ static const attnd_cfg_key cfg_keys[] = {
         65536, NULL, 0,
         "largest request accepted on a connection before a Hello succeeded on it (capped at "
         "server.max_message_bytes)"),
+    U32("server.max_inflight_per_connection", server.max_inflight_per_connection, 1, 65536, 8, NULL,
+        0,
+        "requests one connection may have unanswered; more are refused UNAVAILABLE (keep it "
+        "below server.workers)"),
+    U32("server.send_timeout_ms", server.send_timeout_ms, 100, 600000, 10000, NULL, 0,
+        "a reply the client has not taken by then closes its connection"),
     U32("server.drain_timeout_ms", server.drain_timeout_ms, 0, 600000, 10000, NULL, 0,
         "SIGTERM drain budget"),
     U32("geometry.num_layers", geometry.num_layers, 1, 1024, 2, NULL, 0, "layers"),

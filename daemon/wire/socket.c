@@ -17,6 +17,10 @@
 
 enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
 
+/* A refusal for a connection over its in-flight bound waits this long to be sent: a client that
+ * reads its replies takes it at once, one that does not is cut off. */
+#define SOCKET_REFUSAL_SEND_MS 100
+
 typedef struct sock_slot {
     attnd_wire_call call; /* first: the wire's view of the request in this slot */
     attnd_socket *sock;
@@ -27,11 +31,14 @@ typedef struct sock_slot {
     nng_msg *out; /* the reply being packed */
     uint32_t pipe;
     uint64_t t_recv_ms;
+    int counted; /* counts in its connection's requests in flight */
+    int refused; /* its reply refuses it for that bound */
 } sock_slot;
 
 typedef struct sock_pipe {
     uint32_t id;
-    int hello; /* a Hello succeeded on it: messages up to server.max_message_bytes */
+    uint32_t inflight; /* requests received and not answered (their reply not sent) */
+    int hello;         /* a Hello succeeded on it: messages up to server.max_message_bytes */
 } sock_pipe;
 
 struct attnd_socket {
@@ -45,6 +52,8 @@ struct attnd_socket {
     uint32_t nslots, queue_depth;
     atomic_int draining, stopping;
     uint32_t hello_max_bytes; /* largest message a connection may send before its Hello */
+    uint32_t pipe_inflight;   /* requests one connection may have in flight */
+    int32_t send_timeout_ms;  /* a reply not taken by then closes its connection */
     pthread_mutex_t pipes_mu; /* live connections, sorted: NNG callbacks add and remove, the */
     sock_pipe *pipes;         /* executor asks (a Hello from a closed one opens no session) */
     uint32_t npipes, pipes_cap;
@@ -86,7 +95,7 @@ static void pipes_add(attnd_socket *sock, uint32_t id)
     }
     uint32_t i = pipes_find(sock, id);
     memmove(sock->pipes + i + 1, sock->pipes + i, (size_t)(sock->npipes - i) * sizeof *sock->pipes);
-    sock->pipes[i] = (sock_pipe){id, 0};
+    sock->pipes[i] = (sock_pipe){id, 0, 0};
     sock->npipes++;
 done:
     pipes_gauge(sock);
@@ -106,28 +115,53 @@ static void pipes_remove(attnd_socket *sock, uint32_t id)
     pthread_mutex_unlock(&sock->pipes_mu);
 }
 
-/* Whether connection id is live (has) and had a Hello succeed (hello). */
-static void pipes_get(attnd_socket *sock, uint32_t id, int *has, int *hello)
+/* The live connection id, or NULL. Caller holds pipes_mu. */
+static sock_pipe *pipes_get(attnd_socket *sock, uint32_t id)
 {
-    pthread_mutex_lock(&sock->pipes_mu);
     uint32_t i = pipes_find(sock, id);
-    *has = i < sock->npipes && sock->pipes[i].id == id;
-    *hello = *has && sock->pipes[i].hello;
-    pthread_mutex_unlock(&sock->pipes_mu);
+    return i < sock->npipes && sock->pipes[i].id == id ? &sock->pipes[i] : NULL;
 }
 
 static int pipes_has(attnd_socket *sock, uint32_t id)
 {
-    int has, hello;
-    pipes_get(sock, id, &has, &hello);
+    pthread_mutex_lock(&sock->pipes_mu);
+    int has = pipes_get(sock, id) != NULL;
+    pthread_mutex_unlock(&sock->pipes_mu);
     return has;
+}
+
+/* One more request on connection id: 1 counted in its requests in flight, 0 when it has
+ * server.max_inflight_per_connection already, -1 when it is gone (nothing counted). *hello:
+ * a Hello succeeded on it. */
+static int pipes_admit(attnd_socket *sock, uint32_t id, int *hello)
+{
+    int rv = -1;
+    pthread_mutex_lock(&sock->pipes_mu);
+    sock_pipe *p = pipes_get(sock, id);
+    *hello = p && p->hello;
+    if (p && p->inflight < sock->pipe_inflight) {
+        p->inflight++;
+        rv = 1;
+    } else if (p) {
+        rv = 0;
+    }
+    pthread_mutex_unlock(&sock->pipes_mu);
+    return rv;
+}
+
+static void pipes_release(attnd_socket *sock, uint32_t id)
+{
+    pthread_mutex_lock(&sock->pipes_mu);
+    sock_pipe *p = pipes_get(sock, id);
+    if (p && p->inflight) p->inflight--;
+    pthread_mutex_unlock(&sock->pipes_mu);
 }
 
 static void pipes_set_hello(attnd_socket *sock, uint32_t id)
 {
     pthread_mutex_lock(&sock->pipes_mu);
-    uint32_t i = pipes_find(sock, id);
-    if (i < sock->npipes && sock->pipes[i].id == id) sock->pipes[i].hello = 1;
+    sock_pipe *p = pipes_get(sock, id);
+    if (p) p->hello = 1;
     pthread_mutex_unlock(&sock->pipes_mu);
 }
 
@@ -136,7 +170,17 @@ static void pipes_set_hello(attnd_socket *sock, uint32_t id)
 static void slot_recv(sock_slot *sl)
 {
     sl->state = SLOT_RECV;
+    nng_aio_set_timeout(sl->aio, NNG_DURATION_INFINITE);
     nng_ctx_recv(sl->ctx, sl->aio);
+}
+
+/* The slot's call ended (reply sent, failed or dropped): its connection has one less in flight. */
+static void slot_done(sock_slot *sl)
+{
+    if (sl->counted) pipes_release(sl->sock, sl->pipe);
+    sl->counted = 0;
+    sl->refused = 0;
+    attnd_wire_done(sl->sock->wire);
 }
 
 static size_t slot_reply_cap(attnd_wire_call *c)
@@ -161,6 +205,8 @@ static void slot_reply_send(attnd_wire_call *c, void *buf, size_t n)
     sl->state = SLOT_SEND;
     nng_aio_set_msg(sl->aio, sl->out);
     sl->out = NULL;
+    /* a client that does not read its replies would hold this context for good */
+    nng_aio_set_timeout(sl->aio, sl->refused ? SOCKET_REFUSAL_SEND_MS : sl->sock->send_timeout_ms);
     nng_ctx_send(sl->ctx, sl->aio);
 }
 
@@ -168,7 +214,7 @@ static void slot_reply_send(attnd_wire_call *c, void *buf, size_t n)
 static void slot_reply_drop(attnd_wire_call *c)
 {
     sock_slot *sl = (sock_slot *)c;
-    attnd_wire_done(sl->sock->wire);
+    slot_done(sl);
     slot_recv(sl);
 }
 
@@ -194,11 +240,32 @@ static void socket_exec_cb(void *arg, uint64_t value)
     attnd_wire_deliver(&sl->call, req, pipe, attnd_clock_ms() - sl->t_recv_ms);
 }
 
-static int slot_after_hello(sock_slot *sl)
+/* What the connection may send, checked before the message is decoded: its requests in flight
+ * and, until a Hello succeeds on it, the message's size. 0 when refused (answered). */
+static int slot_admit(sock_slot *sl, size_t len)
 {
-    int has, hello;
-    pipes_get(sl->sock, sl->pipe, &has, &hello);
-    return hello;
+    attnd_socket *sock = sl->sock;
+    char text[192];
+    int hello, admit = pipes_admit(sock, sl->pipe, &hello);
+    sl->counted = admit == 1;
+    sl->refused = admit == 0;
+    if (sl->refused) {
+        snprintf(text, sizeof text,
+                 "connection: %u requests in flight already (server.max_inflight_per_connection); "
+                 "read the replies, then retry",
+                 sock->pipe_inflight);
+        attnd_wire_fail(&sl->call, 0, ATTND_ERR_UNAVAILABLE, text);
+        return 0;
+    }
+    if (len > sock->hello_max_bytes && !hello) {
+        snprintf(text, sizeof text,
+                 "request: %zu bytes before a Hello succeeded on this connection (at most "
+                 "server.max_message_bytes_before_hello = %u until then)",
+                 len, sock->hello_max_bytes);
+        attnd_wire_fail(&sl->call, 0, ATTND_ERR_PROTOCOL, text);
+        return 0;
+    }
+    return 1;
 }
 
 static void slot_on_request(sock_slot *sl)
@@ -212,13 +279,8 @@ static void slot_on_request(sock_slot *sl)
     sl->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
     sl->t_recv_ms = attnd_clock_ms();
     attnd_wire_received(sock->wire, &sl->call, &socket_ops, len);
-    if (len > sock->hello_max_bytes && !slot_after_hello(sl)) {
+    if (!slot_admit(sl, len)) {
         nng_msg_free(msg);
-        snprintf(text, sizeof text,
-                 "request: %zu bytes before a Hello succeeded on this connection (at most "
-                 "server.max_message_bytes_before_hello = %u until then)",
-                 len, sock->hello_max_bytes);
-        attnd_wire_fail(&sl->call, 0, ATTND_ERR_PROTOCOL, text);
         return;
     }
     Attnd__Request *req = attnd_wire_decode_max(
@@ -245,14 +307,35 @@ static void slot_on_request(sock_slot *sl)
     }
 }
 
+/* Its client did not take the reply in time: it is not reading them, and every request it
+ * sends would hold a context as long. Cut it off (its sessions are dropped as for any drop). */
+static void slot_send_timed_out(sock_slot *sl)
+{
+    attnd_socket *sock = sl->sock;
+    uint64_t suppressed = 0;
+    nng_pipe p;
+    p.id = sl->pipe;
+    if (sock->wire->obs == NULL ||
+        attnd_observe_log_allowed(sock->wire->obs, "send_timeout", &suppressed))
+        ATTND_LOG(sock->log, ATTND_LOG_WARN,
+                  "event=send_timeout pipe=%u timeout_ms=%d action=close "
+                  "reason=\"the client does not read its replies\" suppressed=%llu",
+                  sl->pipe, sl->refused ? SOCKET_REFUSAL_SEND_MS : sock->send_timeout_ms,
+                  (unsigned long long)suppressed);
+    nng_pipe_close(p);
+}
+
 static void socket_slot_cb(void *arg)
 {
     sock_slot *sl = arg;
     attnd_socket *sock = sl->sock;
     int rv = nng_aio_result(sl->aio);
     if (sl->state == SLOT_SEND) {
-        if (rv != 0) nng_msg_free(nng_aio_get_msg(sl->aio));
-        attnd_wire_done(sock->wire);
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(sl->aio));
+            if (rv == NNG_ETIMEDOUT) slot_send_timed_out(sl);
+        }
+        slot_done(sl);
         if (!atomic_load(&sock->stopping)) slot_recv(sl);
         return;
     }
@@ -387,6 +470,8 @@ attnd_err attnd_socket_alloc(attnd_socket **out, const attnd_config *cfg, attnd_
     sock->nslots = cfg->server.workers;
     sock->queue_depth = cfg->server.queue_depth;
     sock->hello_max_bytes = (uint32_t)cfg->server.max_message_bytes_before_hello;
+    sock->pipe_inflight = cfg->server.max_inflight_per_connection;
+    sock->send_timeout_ms = (int32_t)cfg->server.send_timeout_ms;
     sock->slots = calloc(sock->nslots, sizeof *sock->slots);
     if (sock->slots == NULL) {
         pthread_mutex_destroy(&sock->pipes_mu);

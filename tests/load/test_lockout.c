@@ -211,3 +211,101 @@ Test(lockout, a_60_mib_request_of_empty_entries_allocates_nothing_big, .timeout 
     attnd_client_free(c);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 }
+
+/* ---------------------------------------------------------------- clients that never read (item 7)
+ */
+
+/* A raw connection that sends Status requests and never reads a reply, until the daemon stops
+ * taking them (both directions' buffers full) or `most` are sent; returns how many it sent. */
+static int flood_status(int fd, int most)
+{
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__StatusRequest sr = ATTND__STATUS_REQUEST__INIT;
+    req.body_case = ATTND__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    int sent = 0;
+    int64_t idle_since = lu_now_ms();
+    while (sent < most && lu_now_ms() - idle_since < 500) {
+        req.id = (uint64_t)sent + 1;
+        int rc = lu_sp_send(fd, (uint32_t)sent + 1, &req, 1);
+        if (rc < 0) break;
+        if (rc == 1) {
+            lu_sleep_ms(5);
+            continue;
+        }
+        sent++;
+        idle_since = lu_now_ms();
+    }
+    return sent;
+}
+
+/* A well-behaved client's Hello, 20 Status calls and a step, each call within 5 s. */
+static void good_client_served(const attnd_daemon_proc *d, const char *while_what)
+{
+    attnd_client *c = NULL;
+    attnd_status st;
+    char why[256];
+    attnd_err rv = hello_within(d, 5000, &c);
+    cr_assert_eq(rv, ATTND_ERR_OK, "Hello %s: %s", while_what, attnd_err_name(rv));
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(attnd_client_status(c, &st), ATTND_ERR_OK, "Status %d %s: %s", i, while_what,
+                     attnd_client_last_error(c));
+    cr_assert_eq(attnd_client_seq_create(c, 1, NULL), ATTND_ERR_OK);
+    cr_assert_eq(lu_step_const_v(c, 1, 4, 2.0f, why, sizeof why), 0, "%s", why);
+    attnd_client_free(c);
+}
+
+Test(lockout, a_client_that_never_reads_replies_does_not_starve_the_others, .timeout = 180)
+{
+    attnd_daemon_proc d;
+    cr_assert_eq(attnd_daemon_start(&d, LOCKOUT_CONFIG(", \"send_timeout_ms\": 2000", "")), 0);
+    int fd = lu_unix_connect(d.url, 1);
+    cr_assert_geq(fd, 0);
+    int sent = flood_status(fd, 100000);
+    fprintf(stderr, "lockout: %d Status requests sent, no reply read\n", sent);
+    cr_assert_geq(sent, 574);
+    good_client_served(&d, "while a client does not read its replies");
+    /* the daemon cut the connection that would not read */
+    cr_assert_eq(lu_drain_until_closed(fd, 20000), 0, "the stalled connection is still open");
+    close(fd);
+    good_client_served(&d, "after");
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
+
+/* A server whose every receive context waits on a client that does not read (limits set so one
+ * connection can take them all) says so on /healthz, and is healthy again once it is gone. */
+Test(lockout, healthz_reports_a_server_that_serves_nothing, .timeout = 180)
+{
+    attnd_daemon_proc d;
+    char *body = NULL;
+    cr_assert_eq(attnd_daemon_start(
+                     &d, LOCKOUT_CONFIG(", \"workers\": 4, \"max_inflight_per_connection\": 4, "
+                                        "\"send_timeout_ms\": 600000},"
+                                        " \"http\": {\"listen\": \"http://127.0.0.1:0\"",
+                                        "")),
+                 0);
+    cr_assert_eq(lu_log_wait(&d, "event=http_listen", 5000), 0);
+    uint16_t port = (uint16_t)lu_log_value(&d, "event=http_listen", "port");
+    cr_assert_eq(lu_http_get(port, "/healthz", NULL), 200);
+    int fd = lu_unix_connect(d.url, 1);
+    cr_assert_geq(fd, 0);
+    flood_status(fd, 100000);
+    int status = 200;
+    for (int64_t end = lu_now_ms() + 30000; status == 200 && lu_now_ms() < end;) {
+        lu_sleep_ms(250);
+        status = lu_http_get(port, "/healthz", &body);
+        if (status == 200) free(body);
+    }
+    cr_assert_eq(status, 503, "/healthz said 200 for 30 s while nothing was served");
+    fprintf(stderr, "lockout: /healthz: %s", body);
+    cr_assert_not_null(strstr(body, "no reply"), "%s", body);
+    free(body);
+    close(fd);
+    for (int64_t end = lu_now_ms() + 30000; status != 200 && lu_now_ms() < end;) {
+        lu_sleep_ms(250);
+        status = lu_http_get(port, "/healthz", NULL);
+    }
+    cr_assert_eq(status, 200, "/healthz did not recover once the client was gone");
+    good_client_served(&d, "after the stall");
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
