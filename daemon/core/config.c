@@ -164,6 +164,9 @@ static const attnd_cfg_key cfg_keys[] = {
         "below server.workers)"),
     U32("server.send_timeout_ms", server.send_timeout_ms, 100, 600000, 10000, NULL, 0,
         "a reply the client has not taken by then closes its connection"),
+    U32("server.listener_check_ms", server.listener_check_ms, 0, 60000, 1000, NULL, 0,
+        "how often a probe checks that the listeners accept (NNG < 1.6, nanomsg/nng#1518), 0 = "
+        "off"),
     U32("server.drain_timeout_ms", server.drain_timeout_ms, 0, 600000, 10000, NULL, 0,
         "SIGTERM drain budget"),
     U32("geometry.num_layers", geometry.num_layers, 1, 1024, 2, NULL, 0, "layers"),

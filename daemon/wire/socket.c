@@ -1,19 +1,17 @@
 #include "socket.h"
 
-#include <grp.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
-#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "attnd/clock.h"
 #include "attnd_nng_err.h"
+#include "listen.h"
 
 enum { SLOT_RECV, SLOT_WAIT, SLOT_SEND };
 
@@ -46,8 +44,7 @@ struct attnd_socket {
     attnd_wire *wire;
     attnd_exec *ex;
     nng_socket nsock;
-    nng_listener listeners[2];
-    int nlisteners;
+    attnd_listen *listeners[2]; /* server.listen, server.listen_tcp */
     sock_slot *slots;
     uint32_t nslots, queue_depth;
     atomic_int draining, stopping;
@@ -322,6 +319,9 @@ static void slot_send_timed_out(sock_slot *sl)
                   "reason=\"the client does not read its replies\" suppressed=%llu",
                   sl->pipe, sl->refused ? SOCKET_REFUSAL_SEND_MS : sock->send_timeout_ms,
                   (unsigned long long)suppressed);
+    if (sock->wire->obs)
+        attnd_metrics_event(attnd_observe_metrics(sock->wire->obs),
+                            ATTND_METRICS_EVENT_SEND_TIMEOUTS);
     nng_pipe_close(p);
 }
 
@@ -360,73 +360,35 @@ static void socket_pipe_gone_exec(void *arg, uint64_t pipe)
     w->handler.pipe_closed(w->handler.arg, (uint32_t)pipe);
 }
 
+/* The listeners keep their connections' count (which one accepted it: nng_pipe_listener). */
+static void socket_listen_pipe(attnd_socket *sock, nng_pipe p, int added)
+{
+    for (int i = 0; i < 2; i++)
+        if (sock->listeners[i]) attnd_listen_pipe(sock->listeners[i], p, added);
+}
+
 static void socket_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     attnd_socket *sock = arg;
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* draining: refuse new connections here, not by closing the listeners, which would
          * also close the connections whose replies are still on their way */
-        if (atomic_load(&sock->draining))
+        if (atomic_load(&sock->draining)) {
             nng_pipe_close(p);
-        else
-            pipes_add(sock, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
+            return;
+        }
+        pipes_add(sock, (uint32_t)nng_pipe_id(p)); /* before it can deliver anything */
+        socket_listen_pipe(sock, p, 1);
         return;
     }
     if (ev != NNG_PIPE_EV_REM_POST) return;
+    socket_listen_pipe(sock, p, 0);
     /* out of the set before the event is posted: whatever the executor runs after this sees
      * the connection gone, and the event itself comes after any request it let through */
     pipes_remove(sock, (uint32_t)nng_pipe_id(p));
     if (attnd_exec_post(sock->ex, socket_pipe_gone_exec, sock->wire, (uint64_t)nng_pipe_id(p)) !=
         ATTND_ERR_OK)
         ATTND_LOG(sock->log, ATTND_LOG_WARN, "event=pipe_gone_lost pipe=%d", nng_pipe_id(p));
-}
-
-static attnd_err ipc_apply_group(const char *url, const attnd_cfg_server *c, char *err, size_t n)
-{
-    struct group gr, *res = NULL;
-    char buf[4096];
-    if (c->ipc_group[0] == '\0') return ATTND_ERR_OK;
-    if (getgrnam_r(c->ipc_group, &gr, buf, sizeof buf, &res) != 0 || res == NULL)
-        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
-                          "server.ipc_group: \"%s\" is not a group", c->ipc_group);
-    if (chown(url + 6, (uid_t)-1, gr.gr_gid) != 0)
-        return attnd_errf(err, n, ATTND_ERR_PERMISSION_DENIED,
-                          "server.ipc_group: cannot chown %s to %s", url + 6, c->ipc_group);
-    return ATTND_ERR_OK;
-}
-
-/* TLS for a tls+tcp:// listener: NNG's engine (mbedTLS in Debian's build) with the configured
- * certificate chain and key. On a bad file err names the key. */
-static int socket_tls(nng_listener l, const attnd_cfg_server *c, char *err, size_t n)
-{
-    nng_tls_config *tls = NULL;
-    int rv = nng_tls_config_alloc(&tls, NNG_TLS_MODE_SERVER);
-    if (rv == 0) rv = nng_tls_config_cert_key_file(tls, c->tls_cert_key_file, NULL);
-    if (rv != 0 && tls != NULL)
-        snprintf(err, n, "server.tls_cert_key_file: %s: %s", c->tls_cert_key_file,
-                 nng_strerror(rv));
-    if (rv == 0) rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
-    if (tls != NULL) nng_tls_config_free(tls); /* the listener holds its own reference */
-    return rv != 0 && err[0] ? NNG_EINVAL : rv;
-}
-
-static attnd_err socket_listen(attnd_socket *sock, const char *key, const char *url,
-                               const attnd_cfg_server *c, char *err, size_t n)
-{
-    nng_listener *l = &sock->listeners[sock->nlisteners];
-    int ipc = strncmp(url, "ipc://", 6) == 0;
-    int rv = nng_listener_create(l, sock->nsock, url);
-    if (rv == 0 && ipc)
-        rv = nng_listener_set_int(*l, NNG_OPT_IPC_PERMISSIONS, (int)strtol(c->ipc_mode, NULL, 8));
-    if (rv == 0 && strncmp(url, "tls+tcp://", 10) == 0) rv = socket_tls(*l, c, err, n);
-    if (rv == NNG_EINVAL && err[0]) return ATTND_ERR_INVALID_ARGUMENT;
-    if (rv == 0) rv = nng_listener_start(*l, 0);
-    if (rv != 0)
-        return attnd_errf(err, n, attnd_err_from_nng(rv), "%s: cannot listen on %s: %s", key, url,
-                          nng_strerror(rv));
-    sock->nlisteners++;
-    ATTND_LOG(sock->log, ATTND_LOG_INFO, "event=listen url=%s", url);
-    return ipc ? ipc_apply_group(url, c, err, n) : ATTND_ERR_OK;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -450,9 +412,13 @@ static attnd_err socket_open(attnd_socket *sock, const attnd_config *cfg, char *
             return attnd_errf(err, n, attnd_err_from_nng(nrv), "server.workers: context %u: %s", i,
                               nng_strerror(nrv));
     }
-    if ((rv = socket_listen(sock, "server.listen", c->listen, c, err, n)) != ATTND_ERR_OK)
+    attnd_metrics *mt = sock->wire->obs ? attnd_observe_metrics(sock->wire->obs) : NULL;
+    if ((rv = attnd_listen_open(&sock->listeners[0], sock->nsock, "server.listen", c->listen, c,
+                                sock->log, mt, err, n)) != ATTND_ERR_OK)
         return rv;
-    if (c->listen_tcp[0]) return socket_listen(sock, "server.listen_tcp", c->listen_tcp, c, err, n);
+    if (c->listen_tcp[0])
+        return attnd_listen_open(&sock->listeners[1], sock->nsock, "server.listen_tcp",
+                                 c->listen_tcp, c, sock->log, mt, err, n);
     return ATTND_ERR_OK;
 }
 
@@ -497,6 +463,12 @@ void attnd_socket_drain(attnd_socket *sock)
     atomic_store(&sock->draining, 1);
 }
 
+void attnd_socket_tick(attnd_socket *sock)
+{
+    for (int i = 0; i < 2; i++)
+        if (sock->listeners[i]) attnd_listen_tick(sock->listeners[i], atomic_load(&sock->draining));
+}
+
 void attnd_socket_free(attnd_socket *sock)
 {
     if (sock == NULL) return;
@@ -510,7 +482,11 @@ void attnd_socket_free(attnd_socket *sock)
         if (nng_ctx_id(sl->ctx) > 0) nng_ctx_close(sl->ctx);
         if (sl->aio) nng_aio_free(sl->aio);
     }
+    for (int i = 0; i < 2; i++)
+        attnd_listen_stop(sock->listeners[i]);
     if (nng_socket_id(sock->nsock) > 0) nng_close(sock->nsock);
+    for (int i = 0; i < 2; i++)
+        attnd_listen_free(sock->listeners[i]);
     pthread_mutex_destroy(&sock->pipes_mu);
     free(sock->pipes);
     free(sock->slots);

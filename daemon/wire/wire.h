@@ -87,10 +87,10 @@ uint32_t attnd_wire_max_elements(attnd_wire *w);
 
 /* The decode step of every received message, apart so tests and fuzzers share it: the
  * Request, or NULL with *code (PROTOCOL) and a message; *id is the request's id when it
- * decoded or only its size was refused (0 otherwise). The fields and repeated elements (packed ones too, unknown fields too)
- * are counted on the bytes first, and a message of more than max_elements is refused before
- * protobuf-c allocates anything for it: 2 bytes on the wire can decode into a 60-byte struct.
- * A Request with unknown fields anywhere is refused. */
+ * decoded or only its size was refused (0 otherwise). The fields and repeated elements (packed ones
+ * too, unknown fields too) are counted on the bytes first, and a message of more than max_elements
+ * is refused before protobuf-c allocates anything for it: 2 bytes on the wire can decode into a
+ * 60-byte struct. A Request with unknown fields anywhere is refused. */
 Attnd__Request *attnd_wire_decode_max(const void *buf, size_t len, uint32_t max_elements,
                                       uint64_t *id, attnd_err *code, char *msg, size_t n);
 /* attnd_wire_decode_max with ATTND_WIRE_MAX_ELEMENTS_DEFAULT. */
