@@ -208,6 +208,11 @@ static const attnd_cfg_key cfg_keys[] = {
         "sequences of a dropped connection live this long"),
     STR("http.listen", http.listen, "", check_http, 0,
         "operator HTTP endpoint (/healthz, /status, /metrics), \"\" = off"),
+    U32("http.max_connections", http.max_connections, 1, 65536, 64, NULL, 0,
+        "HTTP connections open at once; at the limit a new one closes the oldest still sending "
+        "its request"),
+    U32("http.header_timeout_ms", http.header_timeout_ms, 100, 600000, 5000, NULL, 0,
+        "an HTTP request's head must arrive within this, else the connection is closed"),
     ENUM("log.level", log.level, level_choices, ATTND_LOG_INFO, 1, "log level"),
     U32("log.stats_interval_s", log.stats_interval_s, 0, 86400, 60, NULL, 1, "0 = off"),
 };

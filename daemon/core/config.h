@@ -76,6 +76,8 @@ typedef struct attnd_config {
     attnd_cfg_limits limits;
     struct {
         char listen[ATTND_CFG_URL_MAX]; /* operator HTTP endpoint http://HOST:PORT, "" = off */
+        uint32_t max_connections;       /* open at once; at the limit the oldest unfinished goes */
+        uint32_t header_timeout_ms;     /* a request's head must arrive within this */
     } http;
     struct {
         int level;                 /* attnd_log_level */

@@ -27,6 +27,7 @@ struct attnd_observe {
     attnd_notify notify;
     attnd_http *http;
     char http_url[ATTND_CFG_URL_MAX];
+    attnd_http_limits http_limits;
     char listen[ATTND_CFG_URL_MAX];
     char listen_json[2 * ATTND_CFG_URL_MAX]; /* JSON-escaped for /status */
     char backend[16];
@@ -69,6 +70,8 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
     snprintf(obs->listen, sizeof(obs->listen), "%s", cfg->server.listen);
     json_escape(obs->listen_json, sizeof(obs->listen_json), obs->listen);
     snprintf(obs->http_url, sizeof(obs->http_url), "%s", cfg->http.listen);
+    obs->http_limits.max_connections = cfg->http.max_connections;
+    obs->http_limits.header_timeout_ms = cfg->http.header_timeout_ms;
     snprintf(obs->backend, sizeof(obs->backend), "starting");
     attnd_ratelimit_init(&obs->rl, ATTND_OBSERVE_LOG_RATE, ATTND_OBSERVE_LOG_BURST);
     attnd_notify_init(&obs->notify);
@@ -208,7 +211,7 @@ attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err
                               .status = observe_status_cb,
                               .metrics = observe_metrics_cb,
                               .arg = obs};
-    attnd_err rv = attnd_http_alloc(&obs->http, obs->http_url, &hooks);
+    attnd_err rv = attnd_http_alloc(&obs->http, obs->http_url, &hooks, &obs->http_limits);
     if (rv != ATTND_ERR_OK)
         return attnd_errf(err, n, rv, "http.listen: cannot serve %s: %s", obs->http_url,
                           attnd_strerror(rv));

@@ -1,11 +1,18 @@
 /* Lock-outs (issue 13): nothing one client does keeps the others out. One connection holds a
  * bounded number of sessions; a session with no sequences is reclaimed as soon as its connection
- * drops, so fast connect/Hello/close cycles leave room for the next client. Real bytes on real
- * sockets against the real daemon. */
+ * drops, so fast connect/Hello/close cycles leave room for the next client; a request decodes
+ * into bounded memory, and a small one until Hello; a client that does not read its replies
+ * holds nothing for long, and /healthz says when nothing is served; half-open HTTP requests
+ * hold no fds for good. Real bytes on real sockets against the real daemon. */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -307,5 +314,76 @@ Test(lockout, healthz_reports_a_server_that_serves_nothing, .timeout = 180)
     }
     cr_assert_eq(status, 200, "/healthz did not recover once the client was gone");
     good_client_served(&d, "after the stall");
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
+
+/* ---------------------------------------------------------------- HTTP (item 10) */
+
+static int open_fds(pid_t pid)
+{
+    char path[64];
+    int n = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    cr_assert_not_null(dir);
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
+/* A connection to 127.0.0.1:port that sends an HTTP request without its last line. */
+static int half_open_request(uint16_t port)
+{
+    static const char part[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        send(fd, part, sizeof part - 1, MSG_NOSIGNAL) != (ssize_t)sizeof part - 1) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+Test(lockout, half_open_http_requests_hold_no_fds_for_good, .timeout = 180)
+{
+    attnd_daemon_proc d;
+    struct rlimit rl;
+    int fds[1000], n = 1000;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < 1100) n = (int)rl.rlim_cur - 100;
+    cr_assert_eq(attnd_daemon_start(&d, LOCKOUT_CONFIG("},"
+                                                       " \"http\": {\"listen\": "
+                                                       "\"http://127.0.0.1:0\","
+                                                       " \"header_timeout_ms\": 2000",
+                                                       "")),
+                 0);
+    cr_assert_eq(lu_log_wait(&d, "event=http_listen", 5000), 0);
+    uint16_t port = (uint16_t)lu_log_value(&d, "event=http_listen", "port");
+    int base = open_fds(d.pid), opened = 0;
+    for (int i = 0; i < n; i++)
+        if ((fds[opened] = half_open_request(port)) >= 0) opened++;
+    fprintf(stderr, "lockout: %d half-open HTTP requests; the daemon holds %d fds (%d before)\n",
+            opened, open_fds(d.pid), base);
+    cr_assert_geq(opened, n / 2);
+    /* a probe is answered meanwhile (the oldest unfinished request makes room for it) */
+    cr_assert_eq(lu_http_get(port, "/healthz", NULL), 200, "/healthz not answered under the flood");
+    cr_assert_leq(open_fds(d.pid), base + 80, "the daemon holds %d fds (%d before)",
+                  open_fds(d.pid), base);
+    /* and every one of them is closed by the daemon within its header time */
+    int closed = 0;
+    for (int i = 0; i < opened; i++) {
+        closed += lu_drain_until_closed(fds[i], 10000) == 0;
+        close(fds[i]);
+    }
+    cr_assert_eq(closed, opened, "%d of %d half-open requests still open", opened - closed, opened);
+    cr_assert_eq(lu_http_get(port, "/healthz", NULL), 200);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 }
