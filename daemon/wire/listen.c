@@ -20,6 +20,7 @@
 #include "attnd_nng_err.h"
 
 #define LISTEN_PROBE_TIMEOUT_MS 500 /* the listener's ADD_PRE after the probe's handshake */
+#define LISTEN_PROBE_GIVEUP_MS 5000 /* a probe whose own handshake takes longer: unreachable */
 #define LISTEN_MAX_RETIRED 8        /* replaced ipc listeners kept for their connections */
 #define LISTEN_GEN_DIGITS 11        /* ".<generation>" */
 
@@ -60,7 +61,7 @@ struct attnd_listen {
     int probing, reported;
     int lost; /* recreate failed: the URL has no listener of ours */
     uint32_t adds_at_start, fails;
-    uint64_t deadline_ms, next_ms;
+    uint64_t start_ms, up_ms, next_ms; /* up_ms: the tick that first saw the handshake done */
 };
 
 /* ---------------------------------------------------------------- connections */
@@ -411,7 +412,8 @@ static void listen_probe_start(attnd_listen *l, uint64_t now)
         return;
     }
     l->probing = 1;
-    l->deadline_ms = now + LISTEN_PROBE_TIMEOUT_MS;
+    l->start_ms = now;
+    l->up_ms = 0;
 }
 
 /* Log a state of the watch that is not the bug once, until it changes. */
@@ -425,14 +427,18 @@ static void listen_report(attnd_listen *l, int state, const char *what)
 /* The probe's verdict: the listener took it (or any connection), or the bug's signature. */
 static void listen_probe_judge(attnd_listen *l, uint64_t now)
 {
-    int healthy = atomic_load(&l->adds) != l->adds_at_start;
-    if (!healthy && now < l->deadline_ms) return;
+    int healthy = atomic_load(&l->adds) != l->adds_at_start, up = atomic_load(&l->probe_up);
+    /* the verdict waits LISTEN_PROBE_TIMEOUT_MS from the handshake, however late that came (a
+     * loaded host): the server side normally adds the connection at the same moment */
+    if (up && l->up_ms == 0) l->up_ms = now;
+    if (!healthy && up && now - l->up_ms < LISTEN_PROBE_TIMEOUT_MS) return;
+    if (!healthy && !up && now - l->start_ms < LISTEN_PROBE_GIVEUP_MS) return;
     nng_dialer_close(l->probe_d);
     l->probing = 0;
     if (healthy) {
         l->fails = 0;
         l->reported = 0;
-    } else if (!atomic_load(&l->probe_up)) {
+    } else if (!up) {
         /* not even its own side got through: not this bug; a missing name is put back (link
          * never replaces an existing one), anything else is only reported */
         l->fails = 0;
