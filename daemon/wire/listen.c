@@ -2,7 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <glob.h>
+#include <dirent.h>
 #include <grp.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
@@ -188,6 +188,27 @@ static int listen_name_ours(const attnd_listen *l)
 
 /* ---------------------------------------------------------------- the lock (ipc) */
 
+/* Listeners a crashed run left on private paths "<path>.<digits>": ours, by the lock. The
+ * directory is read (no glob: the configured path may hold glob characters). */
+static void listen_remove_generations(const attnd_listen *l)
+{
+    char dir[sizeof l->path], path[sizeof l->path + 260];
+    const char *slash = strrchr(l->path, '/'), *base = slash ? slash + 1 : l->path;
+    size_t blen = strlen(base);
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - l->path) : 1, slash ? l->path : ".");
+    DIR *d = opendir(dir[0] ? dir : "/");
+    if (d == NULL) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const char *tail = e->d_name + blen + 1;
+        if (strncmp(e->d_name, base, blen) != 0 || e->d_name[blen] != '.' || *tail == '\0' ||
+            strspn(tail, "0123456789") != strlen(tail))
+            continue;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+            (void)unlink(path);
+    }
+    closedir(d);
+}
+
 static attnd_err listen_lock(attnd_listen *l, char *err, size_t n)
 {
     char lk[sizeof l->path + 8], holder[32] = "";
@@ -208,15 +229,7 @@ static attnd_err listen_lock(attnd_listen *l, char *err, size_t n)
     int len = snprintf(holder, sizeof holder, "%ld\n", (long)getpid());
     if (ftruncate(l->lock_fd, 0) != 0 || pwrite(l->lock_fd, holder, (size_t)len, 0) != len)
         ATTND_LOG(l->log, ATTND_LOG_WARN, "event=lock_pid_unwritten path=%s", lk);
-    /* listeners a crashed run left on private paths: ours now */
-    char pat[sizeof l->path + 16];
-    glob_t g;
-    snprintf(pat, sizeof pat, "%s.[0-9]*", l->path);
-    if (glob(pat, 0, NULL, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++)
-            (void)unlink(g.gl_pathv[i]);
-        globfree(&g);
-    }
+    listen_remove_generations(l);
     return ATTND_ERR_OK;
 }
 
