@@ -213,7 +213,7 @@ static attnd_err listen_lock(attnd_listen *l, char *err, size_t n)
 {
     char lk[sizeof l->path + 8], holder[32] = "";
     snprintf(lk, sizeof lk, "%s.lock", l->path);
-    if ((l->lock_fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
+    if ((l->lock_fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
         return attnd_errf(err, n, ATTND_ERR_PERMISSION_DENIED, "%s: cannot open %s: %s", l->key, lk,
                           strerror(errno));
     if (flock(l->lock_fd, LOCK_EX | LOCK_NB) != 0) {
