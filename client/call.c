@@ -63,10 +63,9 @@ attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **
     if (!c->dialed)
         return attnd_client_fail(c, ATTND_ERR_UNAVAILABLE, "%s: not connected (dial first)", what);
     req->id = atomic_fetch_add(&c->next_id, 1);
-    /* Hello and Status travel without a session (the contract's "0 for Hello and Status"). */
-    if (req->body_case != ATTND__REQUEST__BODY_HELLO &&
-        req->body_case != ATTND__REQUEST__BODY_STATUS)
-        req->session = c->session;
+    /* Hello travels without a session; Status with one when there is one (a daemon with a
+     * token answers Status only in a session). */
+    if (req->body_case != ATTND__REQUEST__BODY_HELLO) req->session = c->session;
     /* the session lives on the socket's connection: without it no transport may carry a call */
     if (is_lost(c)) return attnd_client_fail_lost(c, req);
     call.req_len = attnd__request__get_packed_size(req);

@@ -120,7 +120,7 @@ uint64_t attnd_client_chan_size(const attnd_client_chan *ch)
     return ch->shm.size;
 }
 
-void attnd_client_chan_unlink(const attnd_client_chan *ch)
+void attnd_client_chan_unlink(attnd_client_chan *ch)
 {
     attnd_client_shm_object_unlink(&ch->shm);
 }

@@ -40,7 +40,7 @@ attnd_err attnd_client_chan_alloc(attnd_client_chan **ch, const attnd_client_cha
 const char *attnd_client_chan_shm_name(const attnd_client_chan *ch);
 uint64_t attnd_client_chan_size(const attnd_client_chan *ch);
 /* Drop the object's name once the daemon mapped it (or refused it). */
-void attnd_client_chan_unlink(const attnd_client_chan *ch);
+void attnd_client_chan_unlink(attnd_client_chan *ch);
 /* The daemon registered it as channel id: requests may go through it from now on. */
 void attnd_client_chan_start(attnd_client_chan *ch, uint32_t id);
 /* The daemon's id of the channel. */

@@ -79,6 +79,7 @@ static attnd_client_shm_object shm_object_of(const attnd_shm *shm)
     memcpy(o.name, shm->name, sizeof o.name);
     o.base = shm->base;
     o.size = shm->size;
+    o.fd = -1; /* the name was dropped when it was registered */
     return o;
 }
 

@@ -116,8 +116,12 @@ static void hook_tick(void *arg)
 {
     daemon_ctx *d = arg;
     uint64_t every = (uint64_t)d->cfg.log.stats_interval_s * 1000 / TICK_MS;
+    uint64_t replies, ok;
     d->ticks++;
     attnd_observe_tick(d->obs, attnd_exec_pending(d->ex));
+    attnd_wire_counts(&d->wire, &replies, &ok);
+    attnd_observe_serving(d->obs, attnd_wire_busy(&d->wire), replies);
+    attnd_socket_tick(d->sock);
     attnd_exec_post(d->ex, exec_sweep, d->sv, 0);
     attnd_exec_post(d->ex, exec_gauges, d, 0);
     if (every && d->ticks % every == 0) attnd_exec_post(d->ex, exec_stats, d->sv, 0);

@@ -5,7 +5,10 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "attnd/dtype.h"
 #include "core/config.h"
@@ -150,6 +153,65 @@ Test(config, out_of_range_values_are_named, .timeout = 60)
     memset(big + strlen(big), 'x', 200);
     strcpy(big + strlen(big), "\"}}");
     expect_load(big, ATTND_ERR_INVALID_ARGUMENT, "server.token: longer than 127");
+}
+
+/* Issue 13, item 13: a mode with setuid/setgid/sticky bits, and ports that do not fit 16 bits
+ * (atoi used to wrap them to a small number), are refused by the check, not at start. */
+Test(config, ipc_mode_special_bits_and_huge_http_ports_are_refused, .timeout = 60)
+{
+    expect_load("{\"server\": {\"ipc_mode\": \"7777\"}}", ATTND_ERR_INVALID_ARGUMENT,
+                "server.ipc_mode: \"7777\"");
+    expect_load("{\"server\": {\"ipc_mode\": \"4660\"}}", ATTND_ERR_INVALID_ARGUMENT,
+                "server.ipc_mode");
+    expect_load("{\"server\": {\"ipc_mode\": \"1660\"}}", ATTND_ERR_INVALID_ARGUMENT,
+                "server.ipc_mode");
+    expect_load("{\"server\": {\"ipc_mode\": \"0660\"}}", ATTND_ERR_OK, NULL);
+    expect_load("{\"server\": {\"ipc_mode\": \"600\"}}", ATTND_ERR_OK, NULL);
+    expect_load("{\"http\": {\"listen\": \"http://127.0.0.1:99999999999999999999\"}}",
+                ATTND_ERR_INVALID_ARGUMENT, "http.listen");
+    expect_load("{\"http\": {\"listen\": \"http://127.0.0.1:4294967297\"}}",
+                ATTND_ERR_INVALID_ARGUMENT, "http.listen");
+    expect_load("{\"http\": {\"listen\": \"http://127.0.0.1:65536\"}}", ATTND_ERR_INVALID_ARGUMENT,
+                "http.listen");
+    expect_load("{\"http\": {\"listen\": \"http://127.0.0.1:65535\"}}", ATTND_ERR_OK, NULL);
+    expect_load("{\"http\": {\"listen\": \"http://127.0.0.1:0\"}}", ATTND_ERR_OK, NULL);
+}
+
+/* Exit status of `attnd --check-config` on json (its output into out). */
+static int check_config_run(const char *json, char *out, size_t n)
+{
+    const char *dir = getenv("ATTND_BUILD_DIR");
+    char bin[512], cfg[64] = "/tmp/attnd-cfgtest-XXXXXX", cmd[1200];
+    cr_assert_not_null(dir, "ATTND_BUILD_DIR is not set (run with ctest)");
+    snprintf(bin, sizeof bin, "%s/daemon/attnd", dir);
+    int fd = mkstemp(cfg);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s --check-config --config %s 2>&1", bin, cfg);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    unlink(cfg);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(config, check_config_refuses_special_mode_bits_and_huge_ports, .timeout = 60)
+{
+    char out[1024];
+    cr_assert_eq(check_config_run("{\"server\": {\"ipc_mode\": \"7777\"}}", out, sizeof out), 1,
+                 "%s", out);
+    cr_assert_not_null(strstr(out, "server.ipc_mode"), "%s", out);
+    cr_assert_eq(
+        check_config_run("{\"http\": {\"listen\": \"http://127.0.0.1:99999999999999999999\"}}", out,
+                         sizeof out),
+        1, "%s", out);
+    cr_assert_not_null(strstr(out, "http.listen"), "%s", out);
+    cr_assert_eq(
+        check_config_run("{\"http\": {\"listen\": \"http://127.0.0.1:9464\"}}", out, sizeof out), 0,
+        "%s", out);
 }
 
 Test(config, cross_key_checks_name_the_key, .timeout = 60)

@@ -1,9 +1,11 @@
 /* Operator HTTP endpoint: /healthz, /status and /metrics over a real TCP connection on
  * 127.0.0.1 (a plain socket client, so the test does not share NNG's HTTP code), status codes,
- * content types, bodies larger than the first buffer, bad addresses, and a free() that waits
- * for hooks in progress. */
+ * content types, bodies larger than the first buffer, bad addresses, a free() that waits
+ * for hooks in progress, and the bounds on clients that never finish a request (header time,
+ * head size, connections: the oldest unfinished one makes room). */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -134,7 +136,7 @@ static attnd_http *start(fake_daemon *d, const attnd_http_hooks *hooks)
 {
     attnd_http *h = NULL;
     cr_assert_eq(attnd_metrics_alloc(&d->metrics, "9.9.9", "cpu"), ATTND_ERR_OK);
-    cr_assert_eq(attnd_http_alloc(&h, "http://127.0.0.1:0", hooks), ATTND_ERR_OK);
+    cr_assert_eq(attnd_http_alloc(&h, "http://127.0.0.1:0", hooks, NULL), ATTND_ERR_OK);
     cr_assert_not_null(h);
     cr_assert_gt(attnd_http_port(h), 0);
     return h;
@@ -234,9 +236,9 @@ Test(http, bad_addresses_are_refused, .timeout = 120)
     fake_daemon d = {.healthy = true};
     attnd_http_hooks hk = hooks_for(&d);
     attnd_http *h = (attnd_http *)&d;
-    cr_assert_eq(attnd_http_alloc(&h, "tcp://127.0.0.1:0", &hk), ATTND_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(attnd_http_alloc(&h, "tcp://127.0.0.1:0", &hk, NULL), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_null(h);
-    cr_assert_eq(attnd_http_alloc(&h, "not a url", &hk), ATTND_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(attnd_http_alloc(&h, "not a url", &hk, NULL), ATTND_ERR_INVALID_ARGUMENT);
     cr_assert_null(h);
     /* a port someone else listens on */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -248,7 +250,7 @@ Test(http, bad_addresses_are_refused, .timeout = 120)
     getsockname(fd, (struct sockaddr *)&sa, &sl);
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%u", ntohs(sa.sin_port));
-    cr_assert_eq(attnd_http_alloc(&h, url, &hk), ATTND_ERR_UNAVAILABLE);
+    cr_assert_eq(attnd_http_alloc(&h, url, &hk, NULL), ATTND_ERR_UNAVAILABLE);
     cr_assert_null(h);
     close(fd);
     attnd_http_free(NULL);
@@ -304,10 +306,79 @@ Test(http, restarts_on_the_same_port, .timeout = 120)
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%u", attnd_http_port(h));
     attnd_http_free(h);
-    cr_assert_eq(attnd_http_alloc(&h, url, &hk), ATTND_ERR_OK);
+    cr_assert_eq(attnd_http_alloc(&h, url, &hk, NULL), ATTND_ERR_OK);
     http_reply r = http_do(attnd_http_port(h), "GET", "/healthz");
     cr_assert_eq(r.status, 200);
     free(r.body);
+    attnd_http_free(h);
+    attnd_metrics_free(d.metrics);
+}
+
+/* A connection that sent part of a request head and nothing more. */
+static int half_open(uint16_t port)
+{
+    static const char part[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    int fd = connect_local(port);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(send(fd, part, sizeof(part) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(part) - 1);
+    return fd;
+}
+
+/* 1 when the peer closed fd (EOF, reset) within the socket's 10 s receive timeout. */
+static int closed_by_peer(int fd)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t k = recv(fd, buf, sizeof(buf), 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return 1;
+        if (k < 0) return 0;
+    }
+}
+
+Test(http, unfinished_requests_are_bounded_in_time_size_and_number, .timeout = 120)
+{
+    fake_daemon d = {.healthy = true};
+    attnd_http_hooks hk = hooks_for(&d);
+    attnd_http_limits lim = {.max_connections = 2, .header_timeout_ms = 500};
+    attnd_http *h = NULL;
+    cr_assert_eq(attnd_metrics_alloc(&d.metrics, "9.9.9", "cpu"), ATTND_ERR_OK);
+    cr_assert_eq(attnd_http_alloc(&h, "http://127.0.0.1:0", &hk, &lim), ATTND_ERR_OK);
+    uint16_t port = attnd_http_port(h);
+    /* two half-open requests hold the two connections; a probe still gets in (the oldest goes) */
+    int a = half_open(port), b = half_open(port);
+    usleep(50000);
+    http_reply r = http_do(port, "GET", "/healthz");
+    cr_assert_eq(r.status, 200);
+    free(r.body);
+    cr_assert(closed_by_peer(a), "the oldest unfinished request was not closed for the probe");
+    /* the other one is closed when its header time is up */
+    cr_assert(closed_by_peer(b), "a half-open request outlived its header time");
+    close(a);
+    close(b);
+    /* a head that fills 8 KiB without ending: 431 */
+    int fd = connect_local(port);
+    char big[8192]; /* exactly the limit: nothing left unread (no reset before the reply) */
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "GET /healthz HTTP/1.1\r\nX-Big: ", 31);
+    cr_assert_eq(send(fd, big, sizeof(big), MSG_NOSIGNAL), (ssize_t)sizeof(big));
+    char reply[64] = "";
+    cr_assert_gt(recv(fd, reply, sizeof(reply) - 1, 0), 0);
+    int status = 0;
+    sscanf(reply, "HTTP/1.1 %d", &status);
+    cr_assert_eq(status, 431, "%s", reply);
+    close(fd);
+    /* HEAD: the headers only */
+    fd = connect_local(port);
+    static const char head[] = "HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    cr_assert_eq(send(fd, head, sizeof(head) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(head) - 1);
+    char all[512] = "";
+    size_t got = 0;
+    for (ssize_t k; (k = recv(fd, all + got, sizeof(all) - 1 - got, 0)) > 0;)
+        got += (size_t)k;
+    cr_assert(strncmp(all, "HTTP/1.1 200", 12) == 0, "%s", all);
+    cr_assert_eq(strcmp(all + got - 4, "\r\n\r\n"), 0, "a body after HEAD: %s", all);
+    close(fd);
     attnd_http_free(h);
     attnd_metrics_free(d.metrics);
 }

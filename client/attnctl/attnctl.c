@@ -94,9 +94,14 @@ static int cmd_status(attnctl *ctl, int argc, char **argv)
 {
     attnd_status st;
     attnd_err rv;
+    int rc;
     (void)argv;
     if (argc != 1) return attnctl_usage_error("status", "takes no arguments");
     if (ctl->check_only) return ATTNCTL_OK;
+    /* a daemon with a token answers Status only in a session that gave it ($ATTND_TOKEN too) */
+    const char *token =
+        ctl->opts.token && ctl->opts.token[0] ? ctl->opts.token : getenv("ATTND_TOKEN");
+    if (token && token[0] && (rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
     if ((rv = attnd_client_status(ctl->c, &st)) != ATTND_ERR_OK)
         return attnctl_fail(ctl, "status", rv);
     printf("daemon:       attnd %s, backend %s, up %.1f s\n", st.version, st.backend, st.uptime_s);

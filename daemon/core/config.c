@@ -71,6 +71,12 @@ static attnd_err check_mode(const attnd_config *c, const attnd_cfg_key *k, char 
     if (len < 3 || len > 4 || strspn(v, "01234567") != len)
         return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
                           "%s: \"%s\" is not an octal mode like \"0660\"", k->name, v);
+    /* permission bits only: setuid, setgid and sticky mean nothing on a socket but a mistake */
+    if (strtol(v, NULL, 8) > 0777)
+        return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: \"%s\" sets setuid/setgid/sticky bits (permission bits only, "
+                          "0000..0777)",
+                          k->name, v);
     return ATTND_ERR_OK;
 }
 
@@ -79,9 +85,11 @@ static attnd_err check_http(const attnd_config *c, const attnd_cfg_key *k, char 
     const char *v = c->http.listen, *port;
     if (v[0] == '\0') return ATTND_ERR_OK;
     port = strrchr(v, ':');
+    /* at most 5 digits before the value is read: a longer one would overflow the conversion */
+    size_t digits = port ? strlen(port + 1) : 0;
     if (strncmp(v, "http://", 7) != 0 || v[7] == '\0' || port == NULL || port < v + 8 ||
-        port[1] == '\0' || strspn(port + 1, "0123456789") != strlen(port + 1) ||
-        atoi(port + 1) > 65535)
+        digits == 0 || digits > 5 || strspn(port + 1, "0123456789") != digits ||
+        strtol(port + 1, NULL, 10) > 65535)
         return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
                           "%s: \"%s\" is not http://HOST:PORT (or \"\" for off)", k->name, v);
     return ATTND_ERR_OK;
@@ -132,7 +140,8 @@ static const attnd_cfg_key cfg_keys[] = {
     STR("server.listen", server.listen, "ipc:///tmp/attnd.sock", check_url, 0, "main listener"),
     STR("server.listen_tcp", server.listen_tcp, "", check_url, 0,
         "optional tcp:// or tls+tcp:// listener"),
-    STR("server.ipc_mode", server.ipc_mode, "0660", check_mode, 0, "ipc socket file mode"),
+    STR("server.ipc_mode", server.ipc_mode, "0660", check_mode, 0,
+        "ipc socket file mode, permission bits only"),
     STR("server.ipc_group", server.ipc_group, "", NULL, 0, "ipc socket file group"),
     STR("server.token", server.token, "", NULL, 1, "shared token asked in Hello"),
     STR("server.tls_cert_key_file", server.tls_cert_key_file, "", check_tls, 0,
@@ -145,6 +154,19 @@ static const attnd_cfg_key cfg_keys[] = {
         "executor keeps polling this long after its last work before it sleeps"),
     U64("server.max_message_bytes", server.max_message_bytes, 4096, I31, 64.0 * 1048576, 0,
         "largest request accepted"),
+    U32("server.max_message_bytes_before_hello", server.max_message_bytes_before_hello, 1024, I31,
+        65536, NULL, 0,
+        "largest request accepted on a connection before a Hello succeeded on it (capped at "
+        "server.max_message_bytes)"),
+    U32("server.max_inflight_per_connection", server.max_inflight_per_connection, 1, 65536, 8, NULL,
+        0,
+        "requests one connection may have unanswered; more are refused UNAVAILABLE (keep it "
+        "below server.workers)"),
+    U32("server.send_timeout_ms", server.send_timeout_ms, 100, 600000, 10000, NULL, 0,
+        "a reply the client has not taken by then closes its connection"),
+    U32("server.listener_check_ms", server.listener_check_ms, 0, 60000, 1000, NULL, 0,
+        "how often a probe checks that the listeners accept (NNG < 1.6, nanomsg/nng#1518), 0 = "
+        "off"),
     U32("server.drain_timeout_ms", server.drain_timeout_ms, 0, 600000, 10000, NULL, 0,
         "SIGTERM drain budget"),
     U32("geometry.num_layers", geometry.num_layers, 1, 1024, 2, NULL, 0, "layers"),
@@ -171,6 +193,8 @@ static const attnd_cfg_key cfg_keys[] = {
     U32("linear.heads", linear.heads, 0, 1024, 8, NULL, 0, "linear-attention heads"),
     U32("linear.head_dim", linear.head_dim, 0, 256, 64, NULL, 0, "linear-attention head dim"),
     U32("limits.max_sessions", limits.max_sessions, 1, 65536, 64, NULL, 1, "sessions"),
+    U32("limits.max_sessions_per_connection", limits.max_sessions_per_connection, 1, 65536, 4, NULL,
+        1, "sessions one connection may hold (Hellos on it beyond are refused)"),
     U32("limits.max_seqs", limits.max_seqs, 1, 1048576, 256, NULL, 1, "sequences per session"),
     U32("limits.max_step_tokens", limits.max_step_tokens, 1, 16777216, 8192, NULL, 1,
         "new tokens per step"),
@@ -184,6 +208,11 @@ static const attnd_cfg_key cfg_keys[] = {
         "sequences of a dropped connection live this long"),
     STR("http.listen", http.listen, "", check_http, 0,
         "operator HTTP endpoint (/healthz, /status, /metrics), \"\" = off"),
+    U32("http.max_connections", http.max_connections, 1, 65536, 64, NULL, 0,
+        "HTTP connections open at once; at the limit a new one closes the oldest still sending "
+        "its request"),
+    U32("http.header_timeout_ms", http.header_timeout_ms, 100, 600000, 5000, NULL, 0,
+        "an HTTP request's head must arrive within this, else the connection is closed"),
     ENUM("log.level", log.level, level_choices, ATTND_LOG_INFO, 1, "log level"),
     U32("log.stats_interval_s", log.stats_interval_s, 0, 86400, 60, NULL, 1, "0 = off"),
 };

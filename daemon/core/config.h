@@ -33,8 +33,12 @@ typedef struct attnd_cfg_server {
     uint32_t workers;                          /* concurrent nng_ctx receive loops */
     uint32_t queue_depth;                      /* executor queue slots; full -> UNAVAILABLE */
     uint64_t max_message_bytes;                /* NNG_OPT_RECVMAXSZ */
-    uint32_t drain_timeout_ms;                 /* SIGTERM: wait this long for in-flight work */
-    uint32_t channels;                         /* shared-memory channels open at most, 0 = off */
+    uint32_t max_message_bytes_before_hello;   /* until a Hello succeeds on the connection */
+    uint32_t max_inflight_per_connection;      /* requests one connection may have unanswered */
+    uint32_t send_timeout_ms;                  /* a reply not taken by then closes its connection */
+    uint32_t listener_check_ms; /* how often a probe checks that the listeners accept, 0 = off */
+    uint32_t drain_timeout_ms;  /* SIGTERM: wait this long for in-flight work */
+    uint32_t channels;          /* shared-memory channels open at most, 0 = off */
     uint32_t spin_us; /* the executor polls this long after its last work before it sleeps */
 } attnd_cfg_server;
 
@@ -56,6 +60,7 @@ typedef struct attnd_cfg_linear {
 
 typedef struct attnd_cfg_limits {
     uint32_t max_sessions, max_seqs, max_step_tokens, max_regions, max_steps;
+    uint32_t max_sessions_per_connection;
     uint64_t max_inline_bytes;
     uint32_t request_timeout_ms; /* 0 = none */
     uint32_t reclaim_timeout_ms; /* sessions of a dropped connection live this long */
@@ -71,6 +76,8 @@ typedef struct attnd_config {
     attnd_cfg_limits limits;
     struct {
         char listen[ATTND_CFG_URL_MAX]; /* operator HTTP endpoint http://HOST:PORT, "" = off */
+        uint32_t max_connections;       /* open at once; at the limit the oldest unfinished goes */
+        uint32_t header_timeout_ms;     /* a request's head must arrive within this */
     } http;
     struct {
         int level;                 /* attnd_log_level */

@@ -1,9 +1,10 @@
-/* Operator HTTP endpoint (NNG's HTTP server): GET /healthz, /status and /metrics.
+/* Operator HTTP endpoint (on NNG's TCP streams): GET (or HEAD) /healthz, /status and /metrics,
+ * one request per connection (Connection: close).
  *
  * Off unless the daemon is configured with an address ("http://127.0.0.1:9464"). The endpoint
- * knows nothing about the daemon: it calls the hooks it was given, on NNG's threads, one
- * request at a time per connection. Hooks must be quick and must not block (take a lock for a
- * snapshot, format, return). A NULL hook makes its path answer 404.
+ * knows nothing about the daemon: it calls the hooks it was given, on NNG's threads. Hooks must
+ * be quick and must not block (take a lock for a snapshot, format, return). A NULL hook makes
+ * its path answer 404.
  *
  *   /healthz  200 "ok\n" when healthy() says so, else 503 with its reason (text/plain): for
  *             liveness and readiness probes.
@@ -14,6 +15,10 @@
  * or ATTND_ERR_NO_MEMORY with *len set to the size needed, and are then called once more with
  * a buffer that large (attnd_metrics_render follows this contract). Any other error answers
  * 500.
+ *
+ * Bounded for clients that never finish a request: its head (request line and headers, 8 KiB at
+ * most, else 431) must arrive within header_timeout_ms, else the connection is closed; at
+ * max_connections a new connection closes the oldest one still sending its request.
  */
 #ifndef ATTND_OBS_HTTP_H
 #define ATTND_OBS_HTTP_H
@@ -36,10 +41,20 @@ typedef struct attnd_http_hooks {
 
 typedef struct attnd_http attnd_http;
 
-/* Start serving on `url` ("http://HOST:PORT"; port 0 picks a free one, see attnd_http_port).
- * INVALID_ARGUMENT for a URL NNG cannot parse or that is not http://, UNAVAILABLE when the
- * address cannot be bound (in use, not local), NO_MEMORY otherwise. */
-attnd_err attnd_http_alloc(attnd_http **out, const char *url, const attnd_http_hooks *hooks);
+#define ATTND_HTTP_MAX_CONNECTIONS 64
+#define ATTND_HTTP_HEADER_TIMEOUT_MS 5000
+
+typedef struct attnd_http_limits {
+    uint32_t max_connections;   /* open at once (>= 1) */
+    uint32_t header_timeout_ms; /* for a request's head, from the connection's accept */
+} attnd_http_limits;
+
+/* Start serving on `url` ("http://HOST:PORT"; port 0 picks a free one, see attnd_http_port)
+ * within limits (NULL: the defaults above). INVALID_ARGUMENT for a URL NNG cannot parse or that
+ * is not http://HOST[:PORT], UNAVAILABLE when the address cannot be bound (in use, not local),
+ * NO_MEMORY otherwise. */
+attnd_err attnd_http_alloc(attnd_http **out, const char *url, const attnd_http_hooks *hooks,
+                           const attnd_http_limits *limits);
 
 /* Stop serving and free. Returns after every hook call in progress has returned; no hook is
  * called afterwards, so the hooks' arg may be freed next. NULL is a no-op. */

@@ -95,7 +95,11 @@ typedef enum attnd_metrics_kernel_kind {
     XX(RELOADS_OK, "attnd_config_reloads_total", "Configuration reloads applied.")                 \
     XX(RELOADS_FAILED, "attnd_config_reload_failures_total",                                       \
        "Configuration reloads rejected (the old configuration stays).")                            \
-    XX(LOG_SUPPRESSED, "attnd_log_suppressed_total", "Log lines suppressed by rate limiting.")
+    XX(LOG_SUPPRESSED, "attnd_log_suppressed_total", "Log lines suppressed by rate limiting.")     \
+    XX(SEND_TIMEOUTS, "attnd_send_timeouts_total",                                                 \
+       "Connections closed because their client did not take a reply in time.")                    \
+    XX(LISTENERS_REPLACED, "attnd_listeners_replaced_total",                                       \
+       "Listeners replaced after they stopped accepting (nanomsg/nng#1518, NNG < 1.6).")
 
 typedef enum attnd_metrics_event_id {
 #define ATTND_METRICS_EVENT_ENUM(name, metric, help) ATTND_METRICS_EVENT_##name,

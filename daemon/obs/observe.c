@@ -15,6 +15,10 @@
  * has not refreshed the gauges for this long (a kernel or a request stuck). */
 #define OBSERVE_LOOP_STALE_NS (5ull * 1000000000ull)
 #define OBSERVE_EXEC_STALE_NS (60ull * 1000000000ull)
+/* ... or requests wait and no reply has left for this long while the executor is idle enough to
+ * refresh the gauges (so none of its work is what holds them up: the replies are not taken). */
+#define OBSERVE_SERVE_STALE_NS (5ull * 1000000000ull)
+#define OBSERVE_EXEC_FRESH_NS (2ull * 1000000000ull)
 
 struct attnd_observe {
     attnd_log *log;
@@ -23,6 +27,7 @@ struct attnd_observe {
     attnd_notify notify;
     attnd_http *http;
     char http_url[ATTND_CFG_URL_MAX];
+    attnd_http_limits http_limits;
     char listen[ATTND_CFG_URL_MAX];
     char listen_json[2 * ATTND_CFG_URL_MAX]; /* JSON-escaped for /status */
     char backend[16];
@@ -31,6 +36,9 @@ struct attnd_observe {
     uint64_t memory_bytes; /* backend memory taken at start */
     atomic_bool draining;
     atomic_uint_fast64_t loop_tick_ns, exec_tick_ns;
+    atomic_uint waiting;                    /* requests received and not answered, last tick */
+    atomic_uint_fast64_t served_ns;         /* last tick a reply left or nothing waited */
+    uint64_t last_replies;                  /* loop thread only */
     uint64_t watchdog_ns, last_watchdog_ns; /* loop thread only */
 };
 
@@ -62,6 +70,8 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
     snprintf(obs->listen, sizeof(obs->listen), "%s", cfg->server.listen);
     json_escape(obs->listen_json, sizeof(obs->listen_json), obs->listen);
     snprintf(obs->http_url, sizeof(obs->http_url), "%s", cfg->http.listen);
+    obs->http_limits.max_connections = cfg->http.max_connections;
+    obs->http_limits.header_timeout_ms = cfg->http.header_timeout_ms;
     snprintf(obs->backend, sizeof(obs->backend), "starting");
     attnd_ratelimit_init(&obs->rl, ATTND_OBSERVE_LOG_RATE, ATTND_OBSERVE_LOG_BURST);
     attnd_notify_init(&obs->notify);
@@ -69,6 +79,7 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
     uint64_t now = attnd_clock_ns();
     atomic_init(&obs->loop_tick_ns, now);
     atomic_init(&obs->exec_tick_ns, now);
+    atomic_init(&obs->served_ns, now);
     if (attnd_metrics_alloc(&obs->metrics, ATTND_VERSION_STRING, "starting") != ATTND_ERR_OK) {
         attnd_ratelimit_fini(&obs->rl);
         free(obs);
@@ -106,6 +117,20 @@ uint16_t attnd_observe_http_port(const attnd_observe *obs)
 
 /* ---------------------------------------------------------------- HTTP hooks (NNG threads) */
 
+/* Requests wait, the executor is free, and no reply has left for a while: nothing is served. */
+static bool observe_serving_ok(attnd_observe *obs, uint64_t now, char *reason, size_t cap)
+{
+    uint64_t served = atomic_load(&obs->served_ns), exec = atomic_load(&obs->exec_tick_ns);
+    uint32_t waiting = atomic_load(&obs->waiting);
+    if (waiting == 0 || now <= served || now - served <= OBSERVE_SERVE_STALE_NS) return true;
+    if (now > exec && now - exec > OBSERVE_EXEC_FRESH_NS) return true; /* its work: see above */
+    snprintf(reason, cap,
+             "serving: %u requests waiting, no reply sent for %.1f s (clients not reading "
+             "their replies?)",
+             waiting, (double)(now - served) / 1e9);
+    return false;
+}
+
 static bool observe_healthy_cb(void *arg, char *reason, size_t cap)
 {
     attnd_observe *obs = arg;
@@ -123,7 +148,7 @@ static bool observe_healthy_cb(void *arg, char *reason, size_t cap)
         snprintf(reason, cap, "executor: busy for %.1f s", (double)(now - exec) / 1e9);
         return false;
     }
-    return true;
+    return observe_serving_ok(obs, now, reason, cap);
 }
 
 static attnd_err observe_metrics_cb(void *arg, char *buf, size_t cap, size_t *len)
@@ -186,7 +211,7 @@ attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err
                               .status = observe_status_cb,
                               .metrics = observe_metrics_cb,
                               .arg = obs};
-    attnd_err rv = attnd_http_alloc(&obs->http, obs->http_url, &hooks);
+    attnd_err rv = attnd_http_alloc(&obs->http, obs->http_url, &hooks, &obs->http_limits);
     if (rv != ATTND_ERR_OK)
         return attnd_errf(err, n, rv, "http.listen: cannot serve %s: %s", obs->http_url,
                           attnd_strerror(rv));
@@ -236,6 +261,14 @@ void attnd_observe_tick(attnd_observe *obs, uint32_t queue_depth)
     if (now > exec && now - exec > OBSERVE_EXEC_STALE_NS) return;
     obs->last_watchdog_ns = now;
     attnd_notify_watchdog(&obs->notify);
+}
+
+void attnd_observe_serving(attnd_observe *obs, uint32_t waiting, uint64_t replies)
+{
+    if (waiting == 0 || replies != obs->last_replies)
+        atomic_store(&obs->served_ns, attnd_clock_ns());
+    obs->last_replies = replies;
+    atomic_store(&obs->waiting, waiting);
 }
 
 void attnd_observe_gauges(attnd_observe *obs, uint32_t blocks_free, uint32_t sequences,

@@ -7,6 +7,8 @@
  *   attnd_observe_ready       the socket listens and the cache is allocated: READY=1
  *   attnd_observe_tick        every loop tick (libuv loop thread): WATCHDOG=1 when due, and the
  *                             executor queue depth
+ *   attnd_observe_serving     every loop tick: requests waiting and replies sent so far (a server
+ *                             with requests waiting and no reply leaving is not healthy)
  *   attnd_observe_gauges      from the executor thread, which owns the cache: blocks, sequences,
  *                             sessions
  *   attnd_observe_reload      after a SIGHUP reload (ok or not): counters, RELOADING/READY
@@ -53,6 +55,8 @@ uint16_t attnd_observe_http_port(const attnd_observe *obs);
 
 void attnd_observe_ready(attnd_observe *obs);
 void attnd_observe_tick(attnd_observe *obs, uint32_t queue_depth);
+/* Loop thread: requests received and not answered, and replies sent in all. */
+void attnd_observe_serving(attnd_observe *obs, uint32_t waiting, uint64_t replies);
 void attnd_observe_gauges(attnd_observe *obs, uint32_t blocks_free, uint32_t sequences,
                           uint32_t sessions);
 /* rv: the reload's result; err: why it failed (may be NULL when rv is OK). */

@@ -74,10 +74,10 @@ static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
     if (sv->token[0] && !token_equal(sv->token, m->token ? m->token : ""))
         return attnd_reply_fail(r, ATTND_ERR_PERMISSION_DENIED, "token: %s",
                                 m->token && m->token[0] ? "invalid" : "required");
-    if ((rv = attnd_session_open(&sv->sessions, c->pipe, m->client_name, sv->limits.max_sessions,
-                                 &s)))
-        return attnd_reply_fail(r, rv, "session: limits.max_sessions (%u) are open",
-                                sv->limits.max_sessions);
+    if ((rv =
+             attnd_session_open(&sv->sessions, c->pipe, m->client_name, sv->limits.max_sessions,
+                                sv->limits.max_sessions_per_connection, &s, r->msg, sizeof r->msg)))
+        return attnd_reply_code(r, rv);
     ATTND_LOG(sv->log, ATTND_LOG_INFO, "event=hello session=%llu pipe=%u client=\"%s\"",
               (unsigned long long)s->id, c->pipe, s->name);
     reply_hello(sv, s, r);
@@ -87,7 +87,15 @@ static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
 static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
 {
     Attnd__StatusReply *st = &r->status;
-    (void)c;
+    attnd_session *s;
+    /* with a token, what Status tells is for clients that gave it: the session of such a Hello
+     * on this very connection */
+    if (sv->token[0] &&
+        attnd_session_get(&sv->sessions, c->req->session, c->pipe, &s, r->msg, sizeof r->msg))
+        return attnd_reply_fail(r, ATTND_ERR_PERMISSION_DENIED,
+                                "token: server.token is set; Status needs the session of a Hello "
+                                "that gave it, on this connection (session %llu)",
+                                (unsigned long long)c->req->session);
     attnd__status_reply__init(st);
     fill_geometry(sv, &r->geometry);
     st->version = (char *)ATTND_VERSION_STRING;

@@ -74,10 +74,18 @@ attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *e
     return ATTND_ERR_OK;
 }
 
+/* What one request may decode into follows the live limits: a BeginStep of max_seqs entries
+ * of a few fields each, plus room for tensor shapes and the like. */
+static void serve_wire_limits(attnd_serve *sv)
+{
+    if (sv->wire) attnd_wire_set_max_elements(sv->wire, 8u * sv->limits.max_seqs + 65536u);
+}
+
 void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, uint32_t spin_us)
 {
     sv->wire = w;
     sv->spin_us = spin_us;
+    serve_wire_limits(sv);
 }
 
 /* ---------------------------------------------------------------- the executor's poller */
@@ -124,7 +132,9 @@ void attnd_serve_pipe_closed(attnd_serve *sv, uint32_t pipe)
     attnd_inflight_drain(&sv->inflight); /* its CUDA_IPC regions close next: no kernel may
                                             still read them */
     attnd_sessions_disconnect(&sv->sessions, pipe, attnd_clock_ms(), serve_session_gone, sv);
-    if (sv->limits.reclaim_timeout_ms == 0) attnd_serve_sweep(sv);
+    /* those without sequences (and any, with no reclaim timeout) go at once: nothing to keep,
+     * and fast connect/Hello/close cycles must not hold the session slots */
+    attnd_serve_sweep(sv);
 }
 
 void attnd_serve_sweep(attnd_serve *sv)
@@ -144,6 +154,7 @@ void attnd_serve_apply_live(attnd_serve *sv, const attnd_config *cfg)
 {
     sv->limits = cfg->limits;
     memcpy(sv->token, cfg->server.token, sizeof sv->token);
+    serve_wire_limits(sv);
 }
 
 void attnd_serve_counts(attnd_serve *sv, uint64_t *requests, uint64_t *errors)

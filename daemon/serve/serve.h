@@ -70,7 +70,8 @@ void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, uint32_t spin_us);
 attnd_exec_poller attnd_serve_poller(attnd_serve *sv);
 
 /* Connection pipe dropped: its sessions' channels close, open steps abort, regions unmap;
- * the sessions wait for limits.reclaim_timeout_ms (attnd_serve_sweep). */
+ * sessions holding sequences wait for limits.reclaim_timeout_ms (attnd_serve_sweep), the others
+ * are closed at once. */
 void attnd_serve_pipe_closed(attnd_serve *sv, uint32_t pipe);
 /* Reclaim sessions whose connection dropped more than limits.reclaim_timeout_ms ago. */
 void attnd_serve_sweep(attnd_serve *sv);

@@ -31,11 +31,21 @@ void attnd_sessions_fini(attnd_sessions *ss)
 }
 
 attnd_err attnd_session_open(attnd_sessions *ss, uint32_t pipe, const char *name,
-                             uint32_t max_sessions, attnd_session **out)
+                             uint32_t max_sessions, uint32_t max_per_pipe, attnd_session **out,
+                             char *err, size_t n)
 {
-    if (ss->count >= max_sessions) return ATTND_ERR_UNAVAILABLE;
+    uint32_t on_pipe = 0;
+    if (ss->count >= max_sessions)
+        return attnd_errf(err, n, ATTND_ERR_UNAVAILABLE,
+                          "session: limits.max_sessions (%u) are open", max_sessions);
+    for (const attnd_session *o = ss->head; o; o = o->next)
+        on_pipe += o->connected && o->pipe == pipe;
+    if (on_pipe >= max_per_pipe)
+        return attnd_errf(err, n, ATTND_ERR_UNAVAILABLE,
+                          "session: this connection holds limits.max_sessions_per_connection (%u)",
+                          max_per_pipe);
     attnd_session *s = calloc(1, sizeof *s);
-    if (s == NULL) return ATTND_ERR_NO_MEMORY;
+    if (s == NULL) return attnd_errf(err, n, ATTND_ERR_NO_MEMORY, "session: out of memory");
     s->id = ss->next_id++;
     s->pipe = pipe;
     s->connected = 1;
@@ -154,6 +164,6 @@ attnd_session *attnd_sessions_expired(const attnd_sessions *ss, uint64_t now_ms,
                                       uint64_t timeout_ms)
 {
     for (attnd_session *s = ss->head; s; s = s->next)
-        if (!s->connected && now_ms - s->gone_ms >= timeout_ms) return s;
+        if (!s->connected && (s->nseqs == 0 || now_ms - s->gone_ms >= timeout_ms)) return s;
     return NULL;
 }

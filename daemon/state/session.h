@@ -37,9 +37,11 @@ void attnd_sessions_init(attnd_sessions *ss);
 /* Unmap and free every session (sequences are the caller's to release first). */
 void attnd_sessions_fini(attnd_sessions *ss);
 
-/* New session on pipe. UNAVAILABLE when max_sessions are open, NO_MEMORY. */
+/* New session on pipe. UNAVAILABLE when max_sessions are open, or max_per_pipe on this pipe
+ * (err says which), NO_MEMORY. */
 attnd_err attnd_session_open(attnd_sessions *ss, uint32_t pipe, const char *name,
-                             uint32_t max_sessions, attnd_session **out);
+                             uint32_t max_sessions, uint32_t max_per_pipe, attnd_session **out,
+                             char *err, size_t n);
 /* The session id, checked against the pipe the request came on: NOT_FOUND (unknown id, or one
  * whose connection is gone), PERMISSION_DENIED (another connection's). */
 attnd_err attnd_session_get(attnd_sessions *ss, uint64_t id, uint32_t pipe, attnd_session **out,
@@ -63,7 +65,8 @@ attnd_err attnd_session_region_remove(attnd_session *s, uint32_t id, char *err, 
 /* Mark the sessions of pipe disconnected at now_ms and unmap their regions; calls fn for each. */
 void attnd_sessions_disconnect(attnd_sessions *ss, uint32_t pipe, uint64_t now_ms,
                                void (*fn)(attnd_session *, void *), void *arg);
-/* First disconnected session whose connection dropped at least timeout_ms before now_ms. */
+/* First disconnected session whose connection dropped at least timeout_ms before now_ms, or
+ * that holds no sequences (nothing to keep for the reclaim timeout). */
 attnd_session *attnd_sessions_expired(const attnd_sessions *ss, uint64_t now_ms,
                                       uint64_t timeout_ms);
 

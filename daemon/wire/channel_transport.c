@@ -47,8 +47,9 @@ static void chan_reply_drop(attnd_wire_call *c)
     chan_end((chan_call *)c);
 }
 
+/* no Hello travels in a channel: it is opened inside a session */
 static const attnd_transport_ops channel_ops = {chan_reply_cap, chan_reply_buf, chan_reply_send,
-                                                chan_reply_drop};
+                                                chan_reply_drop, NULL};
 
 /* Why a channel may not carry req (NULL when it may): the socket's own business, or another
  * session's request. */
@@ -85,7 +86,8 @@ static void chan_request(chan_call *cc, const attnd_channel_req *cr)
         attnd_wire_fail(&cc->call, 0, ATTND_ERR_PROTOCOL, text);
         return;
     }
-    if ((req = attnd_wire_decode(cr->bytes, cr->len, &id, &code, text, sizeof text)) == NULL) {
+    if ((req = attnd_wire_decode_max(cr->bytes, cr->len, attnd_wire_max_elements(cc->call.wire),
+                                     &id, &code, text, sizeof text)) == NULL) {
         attnd_wire_fail(&cc->call, id, code, text);
         return;
     }

@@ -22,6 +22,8 @@ attnd_err attnd_socket_alloc(attnd_socket **sock, const attnd_config *cfg, attnd
                              attnd_exec *ex, attnd_log *lg, char *err, size_t n);
 /* Start the receive loops. */
 void attnd_socket_start(attnd_socket *sock);
+/* Housekeeping, every loop tick (loop thread): the listeners' watch (wire/listen.h). */
+void attnd_socket_tick(attnd_socket *sock);
 /* Stop accepting: new connections are refused, later requests answered UNAVAILABLE; open
  * connections stay up so the replies to what was accepted still reach their clients. */
 void attnd_socket_drain(attnd_socket *sock);

@@ -11,6 +11,17 @@ void attnd_wire_init(attnd_wire *w, const attnd_wire_handler *handler, attnd_log
     memset(w, 0, sizeof *w);
     w->handler = *handler;
     w->log = lg;
+    atomic_init(&w->max_elements, ATTND_WIRE_MAX_ELEMENTS_DEFAULT);
+}
+
+void attnd_wire_set_max_elements(attnd_wire *w, uint32_t max_elements)
+{
+    atomic_store(&w->max_elements, max_elements);
+}
+
+uint32_t attnd_wire_max_elements(attnd_wire *w)
+{
+    return atomic_load(&w->max_elements);
 }
 
 void attnd_wire_set_observe(attnd_wire *w, attnd_observe *obs)
@@ -65,13 +76,130 @@ static uint32_t find_unknown(const ProtobufCMessage *m, const char **where)
     return 0;
 }
 
+/* ---------------------------------------------------------------- the element bound */
+
+/* Counting what a message decodes into, on its bytes (protobuf's wire format). */
+typedef struct wire_scan {
+    uint64_t elements, max;
+    uint64_t id; /* the top level's field 1 (Request.id), when seen */
+} wire_scan;
+
+#define WIRE_SCAN_DEPTH 16 /* attnd.proto nests 4 deep; deeper is not a Request */
+
+static int scan_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << (shift < 64 ? shift : 0);
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Elements of a packed repeated scalar field's payload. */
+static uint64_t scan_packed(const ProtobufCFieldDescriptor *f, const uint8_t *p, size_t len)
+{
+    uint64_t n = 0;
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_FIXED32:
+    case PROTOBUF_C_TYPE_SFIXED32:
+    case PROTOBUF_C_TYPE_FLOAT:
+        return len / 4;
+    case PROTOBUF_C_TYPE_FIXED64:
+    case PROTOBUF_C_TYPE_SFIXED64:
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return len / 8;
+    default:
+        for (size_t i = 0; i < len; i++)
+            n += !(p[i] & 0x80);
+        return n;
+    }
+}
+
+static int scan_message(wire_scan *s, const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                        const uint8_t *end, int depth);
+
+/* One length-delimited field (f NULL: unknown) whose payload is [p, p + len). */
+static int scan_delimited(wire_scan *s, const ProtobufCFieldDescriptor *f, const uint8_t *p,
+                          size_t len, int depth)
+{
+    if (f == NULL) return 0;
+    if (f->type == PROTOBUF_C_TYPE_MESSAGE)
+        return scan_message(s, f->descriptor, p, p + len, depth + 1);
+    if (f->label == PROTOBUF_C_LABEL_REPEATED && f->type != PROTOBUF_C_TYPE_STRING &&
+        f->type != PROTOBUF_C_TYPE_BYTES)
+        s->elements += scan_packed(f, p, len);
+    return 0;
+}
+
+/* Count the fields of message d in [p, end), recursing into known sub-messages; -1 on bytes
+ * that are no message or once over the bound. */
+static int scan_message(wire_scan *s, const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                        const uint8_t *end, int depth)
+{
+    uint64_t key, v;
+    if (depth > WIRE_SCAN_DEPTH) return -1;
+    while (p < end) {
+        if (scan_varint(&p, end, &key)) return -1;
+        const ProtobufCFieldDescriptor *f =
+            key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, key >> 3) : NULL;
+        s->elements++;
+        switch (key & 7) {
+        case 0:
+            if (scan_varint(&p, end, &v)) return -1;
+            if (depth == 0 && (key >> 3) == 1) s->id = v;
+            break;
+        case 1:
+            if (end - p < 8) return -1;
+            p += 8;
+            break;
+        case 5:
+            if (end - p < 4) return -1;
+            p += 4;
+            break;
+        case 2:
+            if (scan_varint(&p, end, &v) || v > (uint64_t)(end - p)) return -1;
+            if (scan_delimited(s, f, p, (size_t)v, depth)) return -1;
+            p += v;
+            break;
+        default: /* groups: protobuf-c refuses them too */
+            return -1;
+        }
+        if (s->elements > s->max) return -1;
+    }
+    return 0;
+}
+
 Attnd__Request *attnd_wire_decode(const void *buf, size_t len, uint64_t *id, attnd_err *code,
                                   char *msg, size_t n)
 {
+    return attnd_wire_decode_max(buf, len, ATTND_WIRE_MAX_ELEMENTS_DEFAULT, id, code, msg, n);
+}
+
+Attnd__Request *attnd_wire_decode_max(const void *buf, size_t len, uint32_t max_elements,
+                                      uint64_t *id, attnd_err *code, char *msg, size_t n)
+{
     const char *where = "";
     uint32_t tag;
+    wire_scan scan = {0, max_elements, 0};
     *id = 0;
     *code = ATTND_ERR_PROTOCOL;
+    if (scan_message(&scan, &attnd__request__descriptor, buf, (const uint8_t *)buf + len, 0)) {
+        if (scan.elements > scan.max) { /* well-formed as far as read: its id is known */
+            *id = scan.id;
+            snprintf(msg, n,
+                     "request: more than %u elements (fields and repeated entries) in %zu bytes; "
+                     "the bound follows limits.max_seqs",
+                     max_elements, len);
+        } else {
+            snprintf(msg, n, "request: %zu bytes are not an attnd.Request", len);
+        }
+        return NULL;
+    }
     Attnd__Request *req = attnd__request__unpack(NULL, len, buf);
     if (req == NULL) {
         snprintf(msg, n, "request: %zu bytes are not an attnd.Request", len);
@@ -160,6 +288,9 @@ void attnd_wire_reply(attnd_wire_call *c, const Attnd__Reply *rep)
     }
     attnd__reply__pack(rep, buf);
     wire_count_reply(c, rep->code, n);
+    /* before it leaves: the client's next message may be one only a Hello allows */
+    if (c->req_type == ATTND_METRICS_REQ_HELLO && rep->code == ATTND_ERR_OK && c->ops->hello_ok)
+        c->ops->hello_ok(c);
     c->ops->reply_send(c, buf, n);
 }
 

@@ -33,6 +33,9 @@ typedef struct attnd_transport_ops {
     void (*reply_send)(attnd_wire_call *c, void *buf, size_t n);
     /* Not even a small error reply could be had: the call ends unanswered. */
     void (*reply_drop)(attnd_wire_call *c);
+    /* A Hello succeeded on the call's connection (its reply is about to go out); NULL = the
+     * transport carries no Hello. */
+    void (*hello_ok)(attnd_wire_call *c);
 } attnd_transport_ops;
 
 /* One received request until its reply leaves; the first member of a transport's own record. */
@@ -55,12 +58,17 @@ typedef struct attnd_wire_handler {
     void (*pipe_closed)(void *arg, uint32_t pipe);
 } attnd_wire_handler;
 
+/* Fields and repeated elements one request may decode into when nothing set another bound
+ * (attnd_wire_decode; the daemon's follows limits.max_seqs: attnd_wire_set_max_elements). */
+#define ATTND_WIRE_MAX_ELEMENTS_DEFAULT (8u * 256u + 65536u)
+
 struct attnd_wire {
     attnd_log *log;
     attnd_wire_handler handler;
     attnd_observe *obs;                       /* metrics and log rate limiting; NULL = none */
     atomic_uint busy;                         /* requests received and not answered yet */
     atomic_uint_fast64_t replies, replies_ok; /* sent, and those with code OK */
+    atomic_uint max_elements;                 /* the decode bound transports apply */
 };
 
 void attnd_wire_init(attnd_wire *w, const attnd_wire_handler *handler, attnd_log *lg);
@@ -72,9 +80,20 @@ uint32_t attnd_wire_busy(attnd_wire *w);
 /* Replies sent in all, and those with code OK. */
 void attnd_wire_counts(attnd_wire *w, uint64_t *replies, uint64_t *ok);
 
+/* Bound the fields and repeated elements a request may decode into (any thread; the next
+ * message decoded sees it). */
+void attnd_wire_set_max_elements(attnd_wire *w, uint32_t max_elements);
+uint32_t attnd_wire_max_elements(attnd_wire *w);
+
 /* The decode step of every received message, apart so tests and fuzzers share it: the
  * Request, or NULL with *code (PROTOCOL) and a message; *id is the request's id when it
- * decoded (0 otherwise). A Request with unknown fields anywhere is refused. */
+ * decoded or only its size was refused (0 otherwise). The fields and repeated elements (packed ones
+ * too, unknown fields too) are counted on the bytes first, and a message of more than max_elements
+ * is refused before protobuf-c allocates anything for it: 2 bytes on the wire can decode into a
+ * 60-byte struct. A Request with unknown fields anywhere is refused. */
+Attnd__Request *attnd_wire_decode_max(const void *buf, size_t len, uint32_t max_elements,
+                                      uint64_t *id, attnd_err *code, char *msg, size_t n);
+/* attnd_wire_decode_max with ATTND_WIRE_MAX_ELEMENTS_DEFAULT. */
 Attnd__Request *attnd_wire_decode(const void *buf, size_t len, uint64_t *id, attnd_err *code,
                                   char *msg, size_t n);
 

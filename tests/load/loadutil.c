@@ -1,13 +1,16 @@
 #include "loadutil.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,17 +30,29 @@ int64_t lu_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-long lu_rss_kib(pid_t pid)
+/* The "<key>: N kB" line of /proc/pid/status. */
+static long status_kib(pid_t pid, const char *key)
 {
-    char path[64], line[256];
+    char path[64], line[256], fmt[48];
     long kib = -1;
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    snprintf(fmt, sizeof fmt, "%s: %%ld kB", key);
     FILE *f = fopen(path, "r");
     if (f == NULL) return -1;
     while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+        if (sscanf(line, fmt, &kib) == 1) break;
     fclose(f);
     return kib;
+}
+
+long lu_rss_kib(pid_t pid)
+{
+    return status_kib(pid, "VmRSS");
+}
+
+long lu_hwm_kib(pid_t pid)
+{
+    return status_kib(pid, "VmHWM");
 }
 
 /* ---------------------------------------------------------------- the daemon's log */
@@ -165,6 +180,80 @@ int lu_raw_call(uint32_t sock_id, const Attnd__Request *req, Attnd__Reply **out)
     *out = attnd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
     nng_msg_free(m);
     return *out ? 0 : -2;
+}
+
+/* ---------------------------------------------------------------- raw SP over ipc */
+
+int lu_unix_connect(const char *url, int handshake)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    /* REQ (protocol 0x30) greeting the REP socket, as nng's ipc transport does */
+    static const uint8_t hello[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+    uint8_t peer[8];
+    if (strncmp(url, "ipc://", 6) != 0 || strlen(url + 6) >= sizeof sa.sun_path) return -1;
+    strcpy(sa.sun_path, url + 6);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    if (!handshake) return fd;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||
+        recv(fd, peer, sizeof peer, MSG_WAITALL) != (ssize_t)sizeof peer || peer[1] != 'S') {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int lu_sp_send(int fd, uint32_t rid, const Attnd__Request *req, int dontwait)
+{
+    size_t n = attnd__request__get_packed_size(req), len = 4 + n;
+    uint8_t head[13], *buf = malloc(sizeof head + n);
+    head[0] = 1; /* a message */
+    for (int i = 0; i < 8; i++)
+        head[1 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+    rid |= 0x80000000u; /* REQ's backtrace: the request id, high bit set */
+    for (int i = 0; i < 4; i++)
+        head[9 + i] = (uint8_t)(rid >> (24 - 8 * i));
+    memcpy(buf, head, sizeof head);
+    attnd__request__pack(req, buf + sizeof head);
+    size_t total = sizeof head + n, off = 0;
+    int rc = 0;
+    while (off < total) {
+        /* a frame is sent whole once begun: only its first byte may be refused */
+        ssize_t k = send(fd, buf + off, total - off,
+                         MSG_NOSIGNAL | (dontwait && off == 0 ? MSG_DONTWAIT : 0));
+        if (k < 0 && off == 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            rc = 1;
+            break;
+        }
+        if (k <= 0) {
+            rc = -1;
+            break;
+        }
+        off += (size_t)k;
+    }
+    free(buf);
+    return rc;
+}
+
+int lu_drain_until_closed(int fd, int timeout_ms)
+{
+    char buf[65536];
+    int64_t deadline = lu_now_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = deadline - lu_now_ms();
+        if (left <= 0) return -1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) <= 0) continue;
+        ssize_t k = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return 0;
+    }
 }
 
 /* ---------------------------------------------------------------- a step with known outputs */

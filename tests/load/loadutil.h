@@ -32,6 +32,15 @@ void lu_raw_close(uint32_t sock_id);
  * 0: a reply arrived; -1: the send failed (never accepted); -2: no reply in time. */
 int lu_raw_call(uint32_t sock_id, const Attnd__Request *req, Attnd__Reply **out);
 
+/* A plain AF_UNIX connection to the socket of an ipc:// url (no SP header sent): the fd, or
+ * -1. With handshake, the SP header of a REQ peer is exchanged as NNG's ipc transport does. */
+int lu_unix_connect(const char *url, int handshake);
+/* Send req on such a connection (handshake done) as REQ request rid, framed as NNG's ipc
+ * transport frames it: 0 sent, 1 would block (with MSG_DONTWAIT), -1 failed (closed). */
+int lu_sp_send(int fd, uint32_t rid, const Attnd__Request *req, int dontwait);
+/* Read and discard what fd has until the peer closes it (0) or timeout_ms passes (-1). */
+int lu_drain_until_closed(int fd, int timeout_ms);
+
 /* One step over one existing sequence: new tokens with V = value in every element; runs every
  * layer and checks each output element is value (softmax weights sum to one). 0 when correct;
  * otherwise -1 with the reason in why. */
@@ -40,6 +49,8 @@ int lu_step_const_v(attnd_client *c, uint64_t seq, uint32_t new_tokens, float va
 
 /* VmRSS of a process in KiB (-1 if unknown). */
 long lu_rss_kib(pid_t pid);
+/* VmHWM (peak RSS) of a process in KiB (-1 if unknown). */
+long lu_hwm_kib(pid_t pid);
 /* Microsecond sleep and a monotonic clock in ms. */
 void lu_sleep_ms(int ms);
 int64_t lu_now_ms(void);

@@ -217,6 +217,39 @@ static uint16_t free_port(void)
     return ntohs(sa.sin_port);
 }
 
+/* Rewrite d's configuration file with cfg (its @URL@ replaced) and reload it (SIGHUP). */
+static void reload_config(attnd_daemon_proc *d, const char *cfg)
+{
+    FILE *f = fopen(d->config_path, "w");
+    cr_assert_not_null(f);
+    for (const char *p = cfg; *p; p++) {
+        if (strncmp(p, "@URL@", 5) == 0) {
+            fputs(d->url, f);
+            p += 4;
+        } else {
+            fputc(*p, f);
+        }
+    }
+    fclose(f);
+    int before = lu_log_count(d, "event=reload applied=live");
+    cr_assert_eq(attnd_daemon_signal(d, SIGHUP), 0);
+    for (int i = 0; i < 500 && lu_log_count(d, "event=reload applied=live") == before; i++)
+        lu_sleep_ms(10);
+    cr_assert_gt(lu_log_count(d, "event=reload applied=live"), before, "the reload was not logged");
+    /* the executor applies it after the log line; control events run before requests, so once
+     * a request sent now is answered the new values are in force */
+    uint32_t s;
+    Attnd__Reply *rep = NULL;
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__StatusRequest sr = ATTND__STATUS_REQUEST__INIT;
+    req.body_case = ATTND__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    cr_assert_eq(lu_raw_open(d->url, 5000, &s), 0);
+    cr_assert_eq(lu_raw_call(s, &req, &rep), 0, "no reply after the reload");
+    attnd__reply__free_unpacked(rep, NULL);
+    lu_raw_close(s);
+}
+
 static attnd_err hello_over(const char *url, const char *token)
 {
     attnd_client_opts opts = {.name = "access-test", .token = token, .timeout_ms = 5000};
@@ -242,21 +275,9 @@ Test(access, tcp_only_when_configured_and_the_token_is_required, .timeout = 120)
     cr_assert_eq(hello_over(tcp, NULL), ATTND_ERR_OK, "no token configured: Hello is open");
 
     /* the token is a live key: a reload turns it on for new sessions */
-    FILE *f = fopen(d.config_path, "w");
     snprintf(cfg, sizeof cfg,
              ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"s3cret-t0ken\""), tcp);
-    for (const char *p = cfg; *p; p++) {
-        if (strncmp(p, "@URL@", 5) == 0) {
-            fputs(d.url, f);
-            p += 4;
-        } else {
-            fputc(*p, f);
-        }
-    }
-    fclose(f);
-    cr_assert_eq(attnd_daemon_signal(&d, SIGHUP), 0);
-    cr_assert_eq(lu_log_wait(&d, "event=reload applied=live", 5000), 0);
-    lu_sleep_ms(200);
+    reload_config(&d, cfg);
     cr_assert_eq(hello_over(tcp, NULL), ATTND_ERR_PERMISSION_DENIED);
     cr_assert_eq(hello_over(tcp, "s3cret-t0kem"), ATTND_ERR_PERMISSION_DENIED);
     cr_assert_eq(hello_over(tcp, "s3cret-t0ken-and-more"), ATTND_ERR_PERMISSION_DENIED);
@@ -264,6 +285,61 @@ Test(access, tcp_only_when_configured_and_the_token_is_required, .timeout = 120)
     cr_assert_eq(hello_over(d.url, NULL), ATTND_ERR_PERMISSION_DENIED, "ipc asks for it too");
     cr_assert_eq(hello_over(d.url, "s3cret-t0ken"), ATTND_ERR_OK);
     cr_assert_eq(lu_log_count(&d, "s3cret"), 0, "the token appears in the log");
+    cr_assert_eq(attnd_daemon_stop(&d), 0);
+}
+
+/* The code of a raw Status on a fresh connection to url, carrying session. */
+static uint32_t raw_status_code(const char *url, uint64_t session)
+{
+    uint32_t s;
+    Attnd__Reply *rep = NULL;
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__StatusRequest sr = ATTND__STATUS_REQUEST__INIT;
+    req.id = 11;
+    req.session = session;
+    req.body_case = ATTND__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    cr_assert_eq(lu_raw_open(url, 5000, &s), 0);
+    cr_assert_eq(lu_raw_call(s, &req, &rep), 0, "no reply to Status on %s", url);
+    uint32_t code = rep->code;
+    if (code != ATTND_ERR_OK)
+        cr_assert(rep->message && strstr(rep->message, "token"), "message \"%s\" names no token",
+                  rep->message ? rep->message : "");
+    else
+        cr_assert_eq(rep->body_case, ATTND__REPLY__BODY_STATUS);
+    attnd__reply__free_unpacked(rep, NULL);
+    lu_raw_close(s);
+    return code;
+}
+
+/* Issue 13, item 12: with a token configured, Status (which tells the geometry, the sessions and
+ * the traffic) answers only a connection whose Hello gave the token, on tcp and ipc alike. */
+Test(access, status_needs_the_token_when_one_is_configured, .timeout = 120)
+{
+    attnd_daemon_proc d;
+    attnd_status st;
+    char cfg[1024], tcp[64];
+    snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%u", free_port());
+    snprintf(cfg, sizeof cfg, ACCESS_CONFIG(", \"listen_tcp\": \"%s\""), tcp);
+    cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
+    cr_assert_eq(raw_status_code(tcp, 0), ATTND_ERR_OK, "no token configured: Status is open");
+    /* the token on (a live key; daemon_proc's start-up Hello has none) */
+    snprintf(cfg, sizeof cfg,
+             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"st4tus-t0ken\""), tcp);
+    reload_config(&d, cfg);
+    cr_assert_eq(raw_status_code(tcp, 0), ATTND_ERR_PERMISSION_DENIED, "tcp, no Hello");
+    cr_assert_eq(raw_status_code(d.url, 0), ATTND_ERR_PERMISSION_DENIED, "ipc, no Hello");
+    /* another connection's session id proves nothing */
+    attnd_client_opts opts = {.name = "access-test", .token = "st4tus-t0ken", .timeout_ms = 5000};
+    attnd_client *c = NULL;
+    attnd_server_info si;
+    cr_assert_eq(attnd_client_alloc(&c, &opts), ATTND_ERR_OK);
+    cr_assert_eq(attnd_client_connect(c, tcp, &si), ATTND_ERR_OK);
+    cr_assert_eq(raw_status_code(tcp, si.session), ATTND_ERR_PERMISSION_DENIED, "stolen session");
+    /* the client that gave the token is answered */
+    cr_assert_eq(attnd_client_status(c, &st), ATTND_ERR_OK, "%s", attnd_client_last_error(c));
+    cr_assert_geq(st.num_sessions, 1);
+    attnd_client_free(c);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 }
 

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -166,8 +167,19 @@ static int wait_ready(attnd_daemon_proc *d)
 
 static void remove_files(const attnd_daemon_proc *d, int keep_log)
 {
+    char path[sizeof d->sock_path + 16];
+    glob_t g;
     unlink(d->config_path);
     unlink(d->sock_path);
+    /* the socket's lock, and listeners on private paths a killed daemon left (wire/listen.h) */
+    snprintf(path, sizeof path, "%s.lock", d->sock_path);
+    unlink(path);
+    snprintf(path, sizeof path, "%s.[0-9]*", d->sock_path);
+    if (glob(path, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            unlink(g.gl_pathv[i]);
+        globfree(&g);
+    }
     if (!keep_log) unlink(d->log_path);
 }
 
