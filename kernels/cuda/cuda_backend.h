@@ -12,6 +12,11 @@ typedef struct attnd_cuda {
     cudaStream_t stream;
     int num_sms;
     int max_smem_optin;         /* bytes of shared memory a block may opt into */
+    int cc;                     /* compute capability, major * 10 + minor */
+    void *encode_tmap;          /* the driver's cuTensorMapEncodeTiled, NULL if not found */
+    int paged_core;             /* tests and benches: 0 picks the prefill core by device, 80 or
+                                   90 forces the sm80 / sm90 one (90 where it can run) */
+    int sm90_pingpong;          /* sm90 core: consumer warpgroups take turns (1, the default) */
     struct attnd_fence *fences; /* released fences, for reuse (device.cu) */
 } attnd_cuda;
 

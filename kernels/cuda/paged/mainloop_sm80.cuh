@@ -1,10 +1,7 @@
-// Paged attention over the block-table KV cache: the math of the 2D (prefill) and 3D (split-KV
-// decode) forms, one kernel template with two tile configurations, plus the segment reduce.
-//
-// Rows. The q heads of one kv group are packed with the query tokens into rows, as the seed
-// does: packed row i of a sequence is query token i / group, q head kv_head * group + i % group.
-// A CTA owns BLOCK_M consecutive packed rows of one sequence and one kv head (and, for 3D, one
-// segment of the context), so every K/V tile it loads serves all q heads of the group.
+// The sm80 core of paged attention (mma.sync; also the fallback on sm_90 for what the sm90 core
+// does not take): one kernel template with two tile configurations, prefill and decode. Rows are
+// packed as paged/rows.cuh says; a CTA owns BLOCK_M packed rows of one sequence and one kv head
+// (and, for 3D, one segment of the context).
 //
 // Warps. Prefill: 4 warps split 128 rows (32 each: two m16 tiles share every K/V fragment; head
 // sizes above 128: 64 rows, 16 each), share each K/V tile, and store their rows from registers.
@@ -19,80 +16,30 @@
 // into the output. S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; the
 // softmax is online in the log2 domain (exp2), masks are evaluated only on tiles that need them,
 // and tiles a warp cannot see are skipped.
-#ifndef ATTND_CUDA_PAGED_KERNEL_CUH
-#define ATTND_CUDA_PAGED_KERNEL_CUH
+#ifndef ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
+#define ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 
 #include <stdint.h>
 
-#include "attn_math.cuh"
-#include "tile_sm80.cuh"
-
-// ------------------------------------------------------------------ parameters
-
-enum { ATTND_KV_F16 = 0, ATTND_KV_BF16 = 1, ATTND_KV_FP8 = 2 };
-
-// One plain struct, passed by value. Strides are in elements.
-typedef struct attnd_paged_args {
-    const void *q;
-    int64_t q_s0, q_s1;
-    const void *k, *v;
-    int64_t k_s0, k_s1, k_s2;
-    int64_t v_s0, v_s1, v_s2;
-    int64_t num_blocks;
-    void *out;
-    int64_t o_s0, o_s1;
-    float *lse; /* NULL: not asked for */
-    int64_t lse_s0, lse_s1;
-    const int32_t *block_tables;
-    int64_t bt_s0, bt_s1;
-    const int32_t *seq_lens;
-    int64_t sl_s0;
-    const int32_t *query_start_loc;
-    int64_t qsl_s0;
-    const float *alibi; /* NULL: off */
-    int64_t alibi_s0;
-    float qk_scale;      /* scale * k_scale (fp8): multiplies q.k into natural-log logits */
-    float qk_scale_log2; /* qk_scale * log2(e) */
-    float softcap;       /* > 0: on */
-    float out_scale;     /* v_scale (fp8) or 1 */
-    int32_t plain;       /* no softcap, no ALiBi, qk_scale > 0: the fused fast path */
-    int32_t sliding_window;
-    int32_t num_seqs, num_q_heads, num_kv_heads, group, head_size;
-    int32_t bs_log2;
-    int32_t q_dt, out_dt;
-    int32_t q_vec, out_vec; /* rows aligned for 8-element loads / 4-element stores */
-    int32_t kv_vec16;       /* fp8 cache: 16-byte copies allowed (else two 8-byte copies) */
-    int32_t kv_same;        /* k_cache and v_cache have the same strides */
-    int32_t direct;         /* blockIdx.x is the sequence (each has at most one q-block) */
-    int32_t num_segments;
-    float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
-} attnd_paged_args;
+#include "paged/epilogue.cuh"
+#include "prims/sm80.cuh"
+#include "prims/sm90.cuh"
 
 // ------------------------------------------------------------------ tile configuration
 
-template <bool C, typename A, typename B> struct attnd_select {
-    typedef A type;
-};
-template <typename A, typename B> struct attnd_select<false, A, B> {
-    typedef B type;
-};
-
-// VAR selects a prefill tiling; only 0 is instantiated (1 and 2 measured slower on an H100, see
-// bench/RESULTS.md):
-//   0: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment), 2 CTAs per SM
-//   1: 8 warps x 16 rows, 1 CTA per SM          2: 4 warps x 16 rows (BLOCK_M 64), 2 CTAs per SM
-template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_traits {
+// Prefill: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment; 16 rows at head
+// sizes above 128), 2 CTAs per SM. Decode: 16 rows, 4 warps over the tokens.
+template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
     static constexpr bool DECODE = DECODE_;
-    static constexpr int VAR = VAR_;
     static constexpr bool FP8 = KV == ATTND_KV_FP8;
     // bf16 caches compute in bf16; f16 and fp8 caches in f16 (fp8 -> f16 is exact).
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr bool BIG = D_PAD >= 256;
-    static constexpr int MT = DECODE || BIG || VAR != 0 ? 1 : 2; // m16 tiles per warp
-    static constexpr int WARPS_M = DECODE ? 1 : (BIG || VAR != 1 ? 4 : 8);
+    static constexpr int MT = DECODE || BIG ? 1 : 2; // m16 tiles per warp
+    static constexpr int WARPS_M = DECODE ? 1 : 4;
     static constexpr int WARPS_N = DECODE ? 4 : 1;
     static constexpr int WARPS = WARPS_M * WARPS_N;
     static constexpr int THREADS = 32 * WARPS;
@@ -137,22 +84,6 @@ template <int D_PAD_, int KV_, bool DECODE_, int VAR_ = 0> struct attnd_paged_tr
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
 };
-
-// griddepcontrol (programmatic dependent launch, sm_90): let the next kernel on the stream
-// launch / wait for the previous one. No-ops before sm_90.
-__device__ __forceinline__ void attnd_pdl_trigger(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void attnd_pdl_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (rows of ROW_RAW bytes) -> f16 rows
 // (swizzled, ROW16 bytes) of dk and dv, by NTHREADS threads (this one is i0). Up to MAXB 16-byte
@@ -224,24 +155,25 @@ template <class Tr> struct attnd_kv_loader {
     int row0, chunk, bs_mask, nbytes_ok;
     bool vec16;
 
-    __device__ __forceinline__ void init(const attnd_paged_args &p, int tid, int kvh,
+    __device__ __forceinline__ void init(const attnd_paged_kargs &a, int tid, int kvh,
                                          uint32_t spipe)
     {
         chunk = tid % Tr::CPR;
         row0 = tid / Tr::CPR;
         this->spipe = spipe;
         const int elems = Tr::FP8 ? 16 : 8, e0 = chunk * elems;
-        nbytes_ok = min(max(p.head_size - e0, 0), elems) * Tr::KV_BYTES;
-        kbase = (const unsigned char *)p.k;
-        vbase = (const unsigned char *)p.v;
-        ks0 = (int32_t)p.k_s0 * Tr::KV_BYTES;
-        ks1 = (int32_t)p.k_s1 * Tr::KV_BYTES;
-        kcoff = (kvh * (int32_t)p.k_s2 + e0) * Tr::KV_BYTES;
-        vs0 = (int32_t)p.v_s0 * Tr::KV_BYTES;
-        vs1 = (int32_t)p.v_s1 * Tr::KV_BYTES;
-        vcoff = (kvh * (int32_t)p.v_s2 + e0) * Tr::KV_BYTES;
-        bs_mask = (1 << p.bs_log2) - 1;
-        vec16 = !Tr::FP8 || p.kv_vec16;
+        const attnd_tensor &k = a.p.k_cache, &v = a.p.v_cache;
+        nbytes_ok = min(max((int)a.p.q.shape[2] - e0, 0), elems) * Tr::KV_BYTES;
+        kbase = (const unsigned char *)k.data;
+        vbase = (const unsigned char *)v.data;
+        ks0 = (int32_t)k.strides[0] * Tr::KV_BYTES;
+        ks1 = (int32_t)k.strides[1] * Tr::KV_BYTES;
+        kcoff = (kvh * (int32_t)k.strides[2] + e0) * Tr::KV_BYTES;
+        vs0 = (int32_t)v.strides[0] * Tr::KV_BYTES;
+        vs1 = (int32_t)v.strides[1] * Tr::KV_BYTES;
+        vcoff = (kvh * (int32_t)v.strides[2] + e0) * Tr::KV_BYTES;
+        bs_mask = (1 << a.bs_log2) - 1;
+        vec16 = !Tr::FP8 || a.kv_vec16;
         sdst = spipe + (Tr::FP8 ? (uint32_t)(row0 * Tr::ROW_RAW + chunk * 16)
                                 : attnd_swz(row0, chunk, Tr::ROW_RAW));
     }
@@ -285,7 +217,7 @@ template <class Tr> struct attnd_kv_loader {
 // ------------------------------------------------------------------ kernel
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_args p)
+__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_kargs a)
 {
     typedef typename Tr::TC TC;
     constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
@@ -297,20 +229,23 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = Tr::WARPS_N == 1 ? warp : 0;
     const int wn = Tr::WARPS_N == 1 ? 0 : warp;
-    const int g = p.group;
+    const int g = a.group;
+    const attnd_paged_params &p = a.p;
 
     // ---- which rows: sequence, q-block, kv head, segment
     int qb = Tr::REVERSE ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int kvh = blockIdx.y, seg = blockIdx.z;
+    const int32_t *qsl = (const int32_t *)p.query_start_loc.data;
+    const int64_t qsl_s0 = p.query_start_loc.strides[0];
     int seq, qb_local;
-    if (p.direct) {
+    if (a.direct) {
         seq = qb;
         qb_local = 0;
     } else {
-        int lo_s = 0, hi_s = p.num_seqs;
+        int lo_s = 0, hi_s = (int)p.seq_lens.shape[0];
         while (lo_s < hi_s) {
             int mid = (lo_s + hi_s) >> 1;
-            int64_t start = (int64_t)p.query_start_loc[mid * p.qsl_s0] * g / BLOCK_M + mid;
+            int64_t start = (int64_t)qsl[mid * qsl_s0] * g / BLOCK_M + mid;
             if (start <= qb)
                 lo_s = mid + 1;
             else
@@ -318,30 +253,19 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         }
         seq = lo_s - 1;
         if (seq < 0) return;
-        qb_local = qb - (int)((int64_t)p.query_start_loc[seq * p.qsl_s0] * g / BLOCK_M + seq);
+        qb_local = qb - (int)((int64_t)qsl[seq * qsl_s0] * g / BLOCK_M + seq);
     }
-    const int q_start = p.query_start_loc[seq * p.qsl_s0];
-    const int q_len = p.query_start_loc[(seq + 1) * p.qsl_s0] - q_start;
-    const int rows_total = q_len * g;
+    const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
+    const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
+    const int rows_total = sq_.q_len * g;
     const int row0 = qb_local * BLOCK_M;
     if (row0 >= rows_total) return;
-    const int seq_len = p.seq_lens[seq * p.sl_s0];
-    const int ctx = seq_len - q_len;
     const int sw = p.sliding_window;
     const int row_last = min(row0 + BLOCK_M, rows_total) - 1;
-    const int cta_pos_min = ctx + row0 / g, cta_pos_max = ctx + row_last / g;
 
     // ---- context range [lo, hi) of this CTA: causal, window, segment
-    int lo = 0, hi = min(seq_len, cta_pos_max + 1);
-    if (sw > 0) lo = max(lo, cta_pos_min - sw + 1);
-    if (p.num_segments > 1) {
-        const int bs = 1 << p.bs_log2;
-        int nblk = (seq_len + bs - 1) >> p.bs_log2;
-        int bps = (nblk + p.num_segments - 1) / p.num_segments;
-        int seg_lo = seg * bps * bs;
-        lo = max(lo, seg_lo);
-        hi = min(hi, seg_lo + bps * bs);
-    }
+    int lo, hi;
+    attnd_paged_range(a, seq_len, ctx + row0 / g, ctx + row_last / g, seg, &lo, &hi);
     const int ntiles = lo < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
 
     // ---- this thread's rows: m-tile mt, rows g8 and g8 + 8 of it
@@ -352,14 +276,9 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int idx = wrow0 + mt * 16 + g8 + r * 8;
-            const bool ok = idx < rows_total;
-            pos[mt][r] = ok ? ctx + idx / g : -1;
-            slope2[mt][r] = (ok && p.alibi)
-                                ? p.alibi[(int64_t)(kvh * g + idx % g) * p.alibi_s0] * ATTND_LOG2E
-                                : 0.0f;
-        }
+        for (int r = 0; r < 2; r++)
+            attnd_paged_row(a, wrow0 + mt * 16 + g8 + r * 8, rows_total, ctx, kvh, &pos[mt][r],
+                            &slope2[mt][r]);
     const bool warp_has_rows = wrow0 < rows_total;
     const int wpos_min = ctx + wrow0 / g;
     const int wpos_max = ctx + (min(wrow0 + Tr::WROWS - 1, rows_total - 1)) / g;
@@ -375,12 +294,13 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     // ---- K/V loader: thread's slots are chunk tid % CPR of rows tid / CPR + i * ROWS_PER_PASS.
     // Byte offsets within a page fit 32 bits (checked by the host); page * stride is 32x32->64.
     attnd_kv_loader<Tr> ld;
-    ld.init(p, tid, kvh, spipe_a);
-    const int32_t *bt = p.block_tables + (int64_t)seq * p.bt_s0;
-    const int32_t bt_s1 = (int32_t)p.bt_s1;
-    const int bs_log2 = p.bs_log2;
-    const int32_t nblocks32 = (int32_t)min(p.num_blocks, (int64_t)0x7fffffff);
-    const bool kv_same = p.kv_same != 0;
+    ld.init(a, tid, kvh, spipe_a);
+    const int32_t *bt =
+        (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
+    const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
+    const int bs_log2 = a.bs_log2;
+    const int32_t nblocks32 = a.nblocks32;
+    const bool kv_same = a.kv_same != 0;
 
     int pg[LOAD_ITERS];
     auto fetch_pages = [&](int stage, int *out) {
@@ -425,10 +345,11 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             const int r = c / QCPR, ch = c % QCPR;
             const int idx = row0 + r;
             float f[8];
-            if (idx < rows_total && ch * 8 < p.head_size) {
+            if (idx < rows_total && ch * 8 < (int)p.q.shape[2]) {
                 const int tok = q_start + idx / g, head = kvh * g + idx % g;
-                const int64_t e = (int64_t)tok * p.q_s0 + (int64_t)head * p.q_s1 + ch * 8;
-                attnd_ld8(p.q, p.q_dt, e, p.q_vec != 0, f);
+                const int64_t e =
+                    (int64_t)tok * p.q.strides[0] + (int64_t)head * p.q.strides[1] + ch * 8;
+                attnd_ld8(p.q.data, p.q.dtype, e, a.q_vec != 0, f);
             } else {
 #pragma unroll
                 for (int k = 0; k < 8; k++)
@@ -505,14 +426,14 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             vt_a = sconv_a + BLOCK_N * ROW16;
         }
 
-        // this warp's tokens [a, b) of the tile, SUB at a time
+        // this warp's tokens [t0, t1) of the tile, SUB at a time
 #pragma unroll 1
         for (int h = 0; h < NW / SUB; h++) {
-            const int a = lo + j * BLOCK_N + wn * NW + h * SUB, b = a + SUB;
-            if (!warp_has_rows || a >= hi || a > wpos_max || (sw > 0 && b - 1 < wpos_min - sw + 1))
+            const int t0 = lo + j * BLOCK_N + wn * NW + h * SUB, t1 = t0 + SUB;
+            if (!warp_has_rows || t0 >= hi || t0 > wpos_max ||
+                (sw > 0 && t1 - 1 < wpos_min - sw + 1))
                 continue; // nothing visible to this warp's rows
-            const bool need_mask =
-                !(b <= hi && b - 1 <= wpos_min && (sw <= 0 || wpos_max - a < sw));
+            const bool need_mask = !attnd_paged_unmasked(t0, t1, hi, wpos_min, wpos_max, sw);
 
             if (Tr::FP8 && Tr::WARPS_N > 1) {
                 // decode: the warp converts its own tokens (SUB == NW)
@@ -559,8 +480,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             }
 
             // logits (log2 domain) with masks; c multiplies s on the way into exp2
-            float c = p.qk_scale_log2;
-            if (!p.plain) {
+            float c = a.qk_scale_log2;
+            if (!a.plain) {
                 c = 1.0f;
                 const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
 #pragma unroll
@@ -570,11 +491,11 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             const int r = e >> 1, ps = pos[mt][r];
-                            const int t = a + n * 8 + 2 * t4 + (e & 1);
-                            float x = s[mt][n][e] * p.qk_scale;
+                            const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                            float x = s[mt][n][e] * a.qk_scale;
                             if (p.softcap > 0.0f) x = p.softcap * attnd_tanh(x * inv_cap);
                             x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
-                            if (need_mask && !(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
+                            if (need_mask && !attnd_paged_visible(t, ps, hi, sw))
                                 x = attnd_neg_inf();
                             s[mt][n][e] = x;
                         }
@@ -586,9 +507,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             const int r = e >> 1, ps = pos[mt][r];
-                            const int t = a + n * 8 + 2 * t4 + (e & 1);
-                            if (!(t < hi && t <= ps && (sw <= 0 || ps - t < sw)))
-                                s[mt][n][e] = attnd_neg_inf();
+                            const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                            if (!attnd_paged_visible(t, ps, hi, sw)) s[mt][n][e] = attnd_neg_inf();
                         }
             }
 
@@ -667,46 +587,21 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     // ---- epilogue
     attnd_cp_async_wait<0>();
     attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
-    const bool partial = p.num_segments > 1;
-    const int d_act = p.head_size;
+    const bool partial = a.num_segments > 1;
+    const int d_act = (int)p.q.shape[2];
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
 #else
     // sm_80's allocation of the two-m-tile kernel spills with the direct store; use shared memory
     constexpr bool kDirectEpilogue = Tr::WARPS_N == 1 && Tr::MT == 1;
 #endif
-    if (kDirectEpilogue && !partial && p.out_vec) {
+    if (kDirectEpilogue && !partial && a.out_vec) {
         // one warp per row, final output: normalise the registers and store them directly
-        const int ot = p.out_dt;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float L = attnd_quad_sum(l_r[mt][r]);
-                const int idx = wrow0 + mt * 16 + g8 + 8 * r;
-                const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
-                if (idx < rows_total) {
-                    const int tok = q_start + idx / g, head = kvh * g + idx % g;
-                    char *dst =
-                        (char *)p.out + ((int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + 2 * t4) *
-                                            (ot == ATTND_DTYPE_F32 ? 4 : 2);
-#pragma unroll
-                    for (int n = 0; n < D_PAD / 8; n++) {
-                        if (n * 8 < d_act) {
-                            const float a0 = o[mt][n][2 * r] * inv, a1 = o[mt][n][2 * r + 1] * inv;
-                            if (ot == ATTND_DTYPE_F32)
-                                *(float2 *)(dst + n * 32) = make_float2(a0, a1);
-                            else if (ot == ATTND_DTYPE_BF16)
-                                *(uint32_t *)(dst + n * 16) = attnd_tc<__nv_bfloat16>::pack(a0, a1);
-                            else
-                                *(uint32_t *)(dst + n * 16) = attnd_tc<__half>::pack(a0, a1);
-                        }
-                    }
-                    if (p.lse && t4 == 0)
-                        p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] =
-                            attnd_softmax_lse(m_r[mt][r], L);
-                }
-            }
+            attnd_paged_store_rows<D_PAD / 8>(
+                a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
+                wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
         return;
     }
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
@@ -755,22 +650,26 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
             v[2] += wt * x.z;
             v[3] += wt * x.w;
         }
-        const float inv = L > 0.0f ? p.out_scale / L : 0.0f;
+        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] *= inv;
         const int tok = q_start + idx / g, head = kvh * g + idx % g;
         if (!partial) {
-            attnd_stN<4>(p.out, p.out_dt, (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + c4 * 4,
-                         p.out_vec != 0, v);
-            if (p.lse && c4 == 0)
-                p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] = attnd_softmax_lse(M, L);
+            attnd_stN<4>(p.out.data, p.out.dtype,
+                         (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
+                             c4 * 4,
+                         a.out_vec != 0, v);
+            if (p.out_lse.data && c4 == 0)
+                ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
+                                          (int64_t)tok * p.out_lse.strides[1]] =
+                    attnd_softmax_lse(M, L);
         } else {
-            const int64_t R = ((int64_t)tok * p.num_q_heads + head) * p.num_segments + seg;
-            *(float4 *)(p.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
+            const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
+            *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
             if (c4 == 0) {
-                p.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
-                p.ws_l[R] = L;
+                a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+                a.ws_l[R] = L;
             }
         }
     }

@@ -1,0 +1,34 @@
+// Launch side of paged attention. attnd_paged_run<CORE, D_PAD, KV> launches one core at one
+// padded head size and cache type; each (core, head, cache) is instantiated in its own
+// generated file (paged/generate.cmake, one per file so they compile in parallel), and
+// launch.cu picks one at run time by architecture and shape.
+#ifndef ATTND_CUDA_PAGED_LAUNCH_H
+#define ATTND_CUDA_PAGED_LAUNCH_H
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "paged/args.h"
+
+enum {
+    ATTND_CORE_SM80_PREFILL = 0, // mma.sync, 128 (64) packed rows, whole context, 2D only
+    ATTND_CORE_SM80_DECODE = 1,  // mma.sync, 16 packed rows, 4 warps over the tokens, 2D and 3D
+    ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
+};
+
+// What a launch needs besides the kernel arguments; the caller owns the stream.
+typedef struct attnd_paged_launch {
+    cudaStream_t stream;
+    int device, num_sms, max_smem; // max_smem: the device's opt-in shared-memory limit
+    int64_t num_tokens;
+    int max_query_len;
+    const CUtensorMap *tk, *tv; // sm90: tensor maps of k_cache and v_cache
+    int pingpong;               // sm90: consumers take turns issuing their GEMMs
+} attnd_paged_launch;
+
+// Launch the core on the launch's stream; cudaErrorInvalidConfiguration when the shapes exceed
+// the launch limits or the device's shared memory.
+template <int CORE, int D_PAD, int KV>
+cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l);
+
+#endif

@@ -1,0 +1,564 @@
+// The sm90 core of paged prefill (sm_90a): the FlashAttention-3 recipe on the block-table cache.
+//
+// One persistent CTA per SM, three warpgroups. Warpgroup 0 is the producer: its first warp reads
+// the block table and issues one TMA box per (page, 64-column slab) of each K and V tile into a
+// ring of NSTAGES shared-memory stages (128-byte swizzle, completion on mbarriers); V rows at or
+// past the sequence's end are written by that warp itself (valid rows of a partial last page
+// loaded, the rest zeros), so P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64
+// packed rows each (paged/rows.cuh): they load their Q rows into shared memory (converted to the
+// compute type), then per K/V tile run S = Q K^T as wgmma from shared memory, the online softmax
+// in registers (log2 domain, as the sm80 core), and O += P V with P from registers. Each
+// consumer overlaps the softmax of tile j with its own P V of tile j + 1 (issued together with
+// Q K^T of tile j), and the two consumers take turns issuing their GEMMs (named barriers), so one
+// warpgroup's softmax runs under the other's matrix work. Tiles go from the last K/V tile down,
+// so the masked diagonal comes first. The producer's registers go to the consumers (setmaxnreg).
+//
+// Work: tiles of 128 packed rows x one kv head, enumerated heaviest first (the last q-block of
+// every sequence, then the one before, ...), dealt to the CTAs in a snake order.
+#ifndef ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
+#define ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "paged/epilogue.cuh"
+#include "prims/sm80.cuh"
+#include "prims/sm90.cuh"
+
+template <int D_PAD_, int KV_> struct attnd_paged_sm90_traits {
+    static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
+    static constexpr int KV = KV_;
+    typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
+
+    static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
+    static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
+    static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
+    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2;
+    static constexpr int SLABS = D_PAD / 64;       // 64-column slabs of a row
+    static constexpr int KSTEPS = D_PAD / 16;      // k16 steps of Q K^T
+    static constexpr int SR = BLOCK_N / 8;         // S chunks of 8 columns
+    static constexpr int OH = D_PAD > 128 ? 2 : 1; // P V products of n <= 128 per k step
+    static constexpr int ON = D_PAD / 8 / OH;      // O chunks of 8 columns per product
+    static constexpr int Q_WG_BYTES = 64 * D_PAD * 2;
+    static constexpr int SLAB_BYTES = BLOCK_N * 128;
+    static constexpr int STAGE_BYTES = SLABS * SLAB_BYTES;
+    static constexpr int Q_OFF = 0;
+    static constexpr int K_OFF = Q_OFF + 2 * Q_WG_BYTES;
+    static constexpr int V_OFF = K_OFF + NSTAGES * STAGE_BYTES;
+    static constexpr int BAR_OFF = V_OFF + NSTAGES * STAGE_BYTES;
+    static constexpr int SMEM_BYTES = BAR_OFF + 4 * NSTAGES * 8 + 1024; // + base alignment
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+
+    static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
+    static_assert(ON == 8 || ON == 16, "wgmma n64 / n128");
+    static_assert(SR == 8 || SR == 16, "wgmma n64 / n128");
+    static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
+};
+
+// One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
+struct attnd_sm90_tile {
+    int seq, kvh, row0, rows_total, q_start, ctx, seq_len, jlo, jhi;
+};
+
+// Tile t of the enumeration (round r = t / (seqs * kv heads): the r-th q-block from the end of
+// each sequence). False when that sequence has fewer q-blocks (nothing to do).
+template <class Tr>
+__device__ __forceinline__ bool attnd_sm90_tile_at(const attnd_paged_kargs &a, int t,
+                                                   attnd_sm90_tile *w)
+{
+    const int H = (int)a.p.k_cache.shape[2], S = (int)a.p.seq_lens.shape[0], g = a.group;
+    w->kvh = t % H;
+    const int rest = t / H;
+    w->seq = rest % S;
+    const int r = rest / S;
+    const attnd_paged_seq s = attnd_paged_seq_at(a, w->seq);
+    w->rows_total = s.q_len * g;
+    const int qb = (w->rows_total + Tr::BLOCK_M - 1) / Tr::BLOCK_M - 1 - r;
+    if (qb < 0) return false;
+    w->row0 = qb * Tr::BLOCK_M;
+    w->q_start = s.q_start;
+    w->ctx = s.ctx;
+    w->seq_len = s.seq_len;
+    const int row_last = min(w->row0 + Tr::BLOCK_M, w->rows_total) - 1;
+    int lo, hi;
+    attnd_paged_range(a, s.seq_len, s.ctx + w->row0 / g, s.ctx + row_last / g, 0, &lo, &hi);
+    w->jlo = lo < hi ? lo / Tr::BLOCK_N : 0;
+    w->jhi = lo < hi ? (hi - 1) / Tr::BLOCK_N : -1;
+    return true;
+}
+
+// The k-th tile index of this CTA (snake order over rounds of gridDim.x), or -1 past the end.
+__device__ __forceinline__ int attnd_sm90_tile_index(int k, int total)
+{
+    const int G = gridDim.x, b = blockIdx.x;
+    const int t = k * G + ((k & 1) ? G - 1 - b : b);
+    return t < total ? t : -1;
+}
+
+#ifdef ATTND_SM90A_DEVICE
+
+// Shared-memory addresses of a CTA's stages and barriers.
+template <class Tr> struct attnd_sm90_smem {
+    uint32_t base;
+    __device__ __forceinline__ uint32_t q(int wg) const
+    {
+        return base + Tr::Q_OFF + wg * Tr::Q_WG_BYTES;
+    }
+    __device__ __forceinline__ uint32_t k(int st) const
+    {
+        return base + Tr::K_OFF + st * Tr::STAGE_BYTES;
+    }
+    __device__ __forceinline__ uint32_t v(int st) const
+    {
+        return base + Tr::V_OFF + st * Tr::STAGE_BYTES;
+    }
+    __device__ __forceinline__ uint32_t full_k(int st) const
+    {
+        return base + Tr::BAR_OFF + 8 * st;
+    }
+    __device__ __forceinline__ uint32_t full_v(int st) const
+    {
+        return full_k(Tr::NSTAGES + st);
+    }
+    __device__ __forceinline__ uint32_t empty_k(int st) const
+    {
+        return full_k(2 * Tr::NSTAGES + st);
+    }
+    __device__ __forceinline__ uint32_t empty_v(int st) const
+    {
+        return full_k(3 * Tr::NSTAGES + st);
+    }
+};
+
+// Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled slab.
+__device__ __forceinline__ uint32_t attnd_slab_off(int r, int c)
+{
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+// ------------------------------------------------------------------ producer (one warp)
+
+template <class Tr> struct attnd_sm90_producer {
+    const attnd_paged_kargs &a;
+    const CUtensorMap *tk, *tv;
+    attnd_sm90_smem<Tr> sm;
+    int lane;
+    uint32_t nk = 0, nv = 0; // K and V tiles issued so far (ring position and phase)
+
+    // This lane's page of tile j: present (it holds keys of the sequence) and its id (ids
+    // outside the pool read as zeros: the TMA fills out-of-bounds boxes).
+    __device__ __forceinline__ bool page(const attnd_sm90_tile &w, const int32_t *bt, int j,
+                                         int *pid) const
+    {
+        const int tok0 = j * Tr::BLOCK_N + (lane << a.bs_log2);
+        *pid = 0;
+        if (lane >= (Tr::BLOCK_N >> a.bs_log2) || tok0 >= w.seq_len) return false;
+        *pid = __ldg(bt + (int64_t)(tok0 >> a.bs_log2) * a.p.block_tables.strides[1]);
+        return true;
+    }
+
+    // TMA of this lane's page (all slabs) into stage buffer dst, completing on bar.
+    __device__ __forceinline__ void issue(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
+                                          int kvh, int pid) const
+    {
+        const uint32_t d = dst + (uint32_t)(lane << a.bs_log2) * 128;
+#pragma unroll
+        for (int s = 0; s < Tr::SLABS; s++)
+            attnd_tma_load4(d + s * Tr::SLAB_BYTES, tm, bar, 64 * s, kvh, 0, pid);
+    }
+
+    __device__ __forceinline__ void load_k(const attnd_sm90_tile &w, const int32_t *bt, int j)
+    {
+        const int st = nk % Tr::NSTAGES, ph = (nk / Tr::NSTAGES) & 1;
+        nk++;
+        attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
+        int pid;
+        const bool present = page(w, bt, j, &pid);
+        const int n = __popc(__ballot_sync(0xffffffffu, present));
+        if (lane == 0)
+            attnd_mbar_arrive_tx(sm.full_k(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
+        __syncwarp();
+        if (present) issue(tk, sm.k(st), sm.full_k(st), w.kvh, pid);
+    }
+
+    // V rows from r0 on (r0: the first row of the first page not wholly inside the sequence):
+    // the partial page's valid rows from memory, everything else zeros.
+    __device__ __forceinline__ void fill_v_tail(const attnd_sm90_tile &w, uint32_t dst, int j,
+                                                int r0, int pid_partial) const
+    {
+        const attnd_tensor &v = a.p.v_cache;
+        const int t0 = j * Tr::BLOCK_N, valid = min(w.seq_len - t0 - r0, 1 << a.bs_log2);
+        const bool ok = (unsigned)pid_partial < (unsigned)a.nblocks32;
+        const int d_act = (int)a.p.q.shape[2];
+        const int chunks = (Tr::BLOCK_N - r0) * Tr::SLABS * 8;
+#pragma unroll 1
+        for (int c = lane; c < chunks; c += 32) {
+            const int r = r0 + c / (Tr::SLABS * 8), rem = c % (Tr::SLABS * 8);
+            const int s = rem >> 3, cc = rem & 7, col = 64 * s + 8 * cc;
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (ok && r - r0 < valid && col < d_act)
+                x = __ldg((const uint4 *)((const uint16_t *)v.data +
+                                          (int64_t)pid_partial * v.strides[0] +
+                                          (int64_t)(r - r0) * v.strides[1] +
+                                          (int64_t)w.kvh * v.strides[2] + col));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst + s * Tr::SLAB_BYTES +
+                                                                          attnd_slab_off(r, cc)),
+                         "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w)
+                         : "memory");
+        }
+        attnd_fence_proxy_async();
+    }
+
+    __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, const int32_t *bt, int j)
+    {
+        const int st = nv % Tr::NSTAGES, ph = (nv / Tr::NSTAGES) & 1;
+        nv++;
+        attnd_mbar_wait(sm.empty_v(st), ph ^ 1);
+        const int t0 = j * Tr::BLOCK_N, bs = 1 << a.bs_log2;
+        int pid;
+        const bool whole = page(w, bt, j, &pid) && t0 + (lane + 1) * bs <= w.seq_len;
+        const int n = __popc(__ballot_sync(0xffffffffu, whole));
+        const int r0 = n * bs; // pages before r0 lie wholly inside the sequence
+        const int pid_partial = __shfl_sync(0xffffffffu, pid, n & 31);
+        if (r0 < Tr::BLOCK_N) fill_v_tail(w, sm.v(st), j, r0, pid_partial);
+        __syncwarp();
+        if (lane == 0)
+            attnd_mbar_arrive_tx(sm.full_v(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
+        __syncwarp();
+        if (whole) issue(tv, sm.v(st), sm.full_v(st), w.kvh, pid);
+    }
+
+    // K of tile jhi first, then K of j - 1 ahead of V of j (the consumers' order).
+    __device__ __forceinline__ void run(int total)
+    {
+        for (int k = 0;; k++) {
+            const int t = attnd_sm90_tile_index(k, total);
+            if (t < 0) break;
+            attnd_sm90_tile w;
+            if (!attnd_sm90_tile_at<Tr>(a, t, &w) || w.jhi < w.jlo) continue;
+            const int32_t *bt = (const int32_t *)a.p.block_tables.data +
+                                (int64_t)w.seq * a.p.block_tables.strides[0];
+            load_k(w, bt, w.jhi);
+            for (int j = w.jhi - 1; j >= w.jlo; j--) {
+                load_k(w, bt, j);
+                load_v(w, bt, j + 1);
+            }
+            load_v(w, bt, w.jlo);
+        }
+    }
+};
+
+// ------------------------------------------------------------------ consumers
+
+template <class Tr> struct attnd_sm90_consumer {
+    typedef typename Tr::TC TC;
+    const attnd_paged_kargs &a;
+    attnd_sm90_smem<Tr> sm;
+    int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
+    uint32_t nk = 0, nv = 0;
+
+    // This warpgroup's 64 Q rows -> shared memory (compute type, zero past the rows / head).
+    __device__ __forceinline__ void load_q(const attnd_sm90_tile &w) const
+    {
+        const int g = a.group, d_act = (int)a.p.q.shape[2];
+        const uint32_t dst = sm.q(wg);
+        constexpr int QC = Tr::D_PAD / 8;
+#pragma unroll 4
+        for (int c = ctid; c < 64 * QC; c += 128) {
+            const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
+            float f[8];
+            if (idx < w.rows_total && ch * 8 < d_act) {
+                const int tok = w.q_start + idx / g, head = w.kvh * g + idx % g;
+                attnd_ld8(a.p.q.data, a.p.q.dtype,
+                          (int64_t)tok * a.p.q.strides[0] + (int64_t)head * a.p.q.strides[1] +
+                              ch * 8,
+                          a.q_vec != 0, f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    f[k] = 0.0f;
+            }
+            uint32_t u[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                u[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2 * k]),
+                                          attnd_tc<TC>::clamp(f[2 * k + 1]));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(
+                             dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7)),
+                         "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3])
+                         : "memory");
+        }
+        attnd_fence_proxy_async();
+    }
+
+    // S = Q K^T over stage st (issued, not waited).
+    __device__ __forceinline__ void gemm_qk(float (&s)[Tr::SR][4], int st) const
+    {
+#pragma unroll
+        for (int kk = 0; kk < Tr::KSTEPS; kk++) {
+            const uint32_t off = (uint32_t)(kk & 3) * 32; // k16 step within the slab's row
+            const uint64_t da = attnd_wgmma_desc(sm.q(wg) + (kk >> 2) * (64 * 128) + off, 16, 1024);
+            const uint64_t db =
+                attnd_wgmma_desc(sm.k(st) + (kk >> 2) * Tr::SLAB_BYTES + off, 16, 1024);
+            attnd_wgmma<TC, Tr::SR>::ss(s, da, db, kk > 0);
+        }
+        attnd_wgmma_commit();
+    }
+
+    // O (+)= P V over stage st (issued, not waited); first: the tile's first product.
+    __device__ __forceinline__ void gemm_pv(float (&o)[Tr::OH][Tr::ON][4],
+                                            const uint32_t (&p)[Tr::BLOCK_N / 16][4], int st,
+                                            bool first) const
+    {
+#pragma unroll
+        for (int kk = 0; kk < Tr::BLOCK_N / 16; kk++)
+#pragma unroll
+            for (int h = 0; h < Tr::OH; h++) {
+                const uint64_t db = attnd_wgmma_desc(
+                    sm.v(st) + h * 2 * Tr::SLAB_BYTES + kk * 16 * 128, Tr::SLAB_BYTES, 1024);
+                attnd_wgmma<TC, Tr::ON>::rs(o[h], p[kk], db, (first && kk == 0) ? 0 : 1);
+            }
+        attnd_wgmma_commit();
+    }
+
+    // One warp's lane-0 arrival (the barriers count 8 consumer warps).
+    __device__ __forceinline__ void release(uint32_t bar) const
+    {
+        if (lane == 0) attnd_mbar_arrive(bar);
+    }
+
+    __device__ __forceinline__ void run(int total, bool pingpong);
+};
+
+template <class Tr>
+__device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, bool pingpong)
+{
+    constexpr int SR = Tr::SR, BLOCK_N = Tr::BLOCK_N;
+    const int g = a.group, sw = a.p.sliding_window;
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int sched_me = 1 + wg, sched_other = 2 - wg;
+    if (pingpong && wg == 0) attnd_bar_arrive(sched_me, 256); // warpgroup 0 issues first
+
+    for (int k = 0;; k++) {
+        const int t = attnd_sm90_tile_index(k, total);
+        if (t < 0) break;
+        attnd_sm90_tile w;
+        if (!attnd_sm90_tile_at<Tr>(a, t, &w)) continue;
+
+        // this lane's rows idx0, idx0 + 8 and the warp's position range
+        const int idx0 = w.row0 + wg * 64 + wq * 16 + g8, wrow0 = w.row0 + wg * 64 + wq * 16;
+        int pos[2];
+        float slope2[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            attnd_paged_row(a, idx0 + 8 * r, w.rows_total, w.ctx, w.kvh, &pos[r], &slope2[r]);
+        const bool warp_rows = wrow0 < w.rows_total;
+        const int wpos_min = w.ctx + wrow0 / g;
+        const int wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
+
+        float o[Tr::OH][Tr::ON][4];
+#pragma unroll
+        for (int h = 0; h < Tr::OH; h++)
+#pragma unroll
+            for (int n = 0; n < Tr::ON; n++)
+                o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.0f;
+        float m_r[2] = {attnd_neg_inf(), attnd_neg_inf()}, l_r[2] = {0.0f, 0.0f};
+        auto oat = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
+        if (w.jhi < w.jlo) { // no key to see (inconsistent lengths): zeros, LSE -inf
+            attnd_paged_store_rows<Tr::OH * Tr::ON>(a, oat, m_r, l_r, idx0, w.rows_total, w.q_start,
+                                                    w.kvh, t4);
+            continue;
+        }
+
+        attnd_bar_sync(3 + wg, 128); // this warpgroup's last Q K^T of the previous tile is done
+        load_q(w);
+        attnd_bar_sync(3 + wg, 128);
+
+        // scores of tile j -> probabilities (in s), row maxima / sums updated; alpha: rescale
+        float s[SR][4];
+        uint32_t pf[BLOCK_N / 16][4];
+        float alpha[2];
+        auto softmax = [&](int j) {
+            const int t0 = j * BLOCK_N;
+            const bool need_mask = !warp_rows || !attnd_paged_unmasked(t0, t0 + BLOCK_N, w.seq_len,
+                                                                       wpos_min, wpos_max, sw);
+            float c = a.qk_scale_log2;
+            if (!a.plain) {
+                c = 1.0f;
+                const float cap = a.p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+#pragma unroll
+                for (int n = 0; n < SR; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int ps = pos[e >> 1], tt = t0 + n * 8 + 2 * t4 + (e & 1);
+                        float x = s[n][e] * a.qk_scale;
+                        if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
+                        x = x * ATTND_LOG2E + slope2[e >> 1] * (float)(tt - ps);
+                        if (need_mask && !attnd_paged_visible(tt, ps, w.seq_len, sw))
+                            x = attnd_neg_inf();
+                        s[n][e] = x;
+                    }
+            } else if (need_mask) {
+#pragma unroll
+                for (int n = 0; n < SR; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int tt = t0 + n * 8 + 2 * t4 + (e & 1);
+                        if (!attnd_paged_visible(tt, pos[e >> 1], w.seq_len, sw))
+                            s[n][e] = attnd_neg_inf();
+                    }
+            }
+            float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
+#pragma unroll
+            for (int n = 0; n < SR; n++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+            }
+            float ms[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m_new = fmaxf(m_r[r], attnd_quad_max(mx[r]) * c);
+                ms[r] = attnd_softmax_safe_max(m_new);
+                alpha[r] = m_r[r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[r] - ms[r]);
+                m_r[r] = m_new;
+            }
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < SR; n++) {
+                s[n][0] = attnd_exp2(fmaf(s[n][0], c, -ms[0]));
+                s[n][1] = attnd_exp2(fmaf(s[n][1], c, -ms[0]));
+                s[n][2] = attnd_exp2(fmaf(s[n][2], c, -ms[1]));
+                s[n][3] = attnd_exp2(fmaf(s[n][3], c, -ms[1]));
+                rs[0] += s[n][0] + s[n][1];
+                rs[1] += s[n][2] + s[n][3];
+            }
+            l_r[0] = l_r[0] * alpha[0] + rs[0];
+            l_r[1] = l_r[1] * alpha[1] + rs[1];
+        };
+        auto to_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                pf[kk][0] = attnd_tc<TC>::pack(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = attnd_tc<TC>::pack(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = attnd_tc<TC>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = attnd_tc<TC>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        };
+        auto rescale_o = [&]() {
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int h = 0; h < Tr::OH; h++)
+#pragma unroll
+                    for (int n = 0; n < Tr::ON; n++) {
+                        o[h][n][0] *= alpha[0];
+                        o[h][n][1] *= alpha[0];
+                        o[h][n][2] *= alpha[1];
+                        o[h][n][3] *= alpha[1];
+                    }
+            }
+        };
+
+        // first tile: S, softmax, P
+        {
+            const int st = nk % Tr::NSTAGES;
+            attnd_mbar_wait(sm.full_k(st), (nk / Tr::NSTAGES) & 1);
+            attnd_wgmma_fence();
+            gemm_qk(s, st);
+            attnd_wgmma_wait<0>();
+            attnd_fence_regs(s);
+            release(sm.empty_k(st));
+            nk++;
+            softmax(w.jhi);
+            to_p();
+        }
+        bool first_pv = true;
+        for (int j = w.jhi - 1; j >= w.jlo; j--) {
+            const int sk = nk % Tr::NSTAGES, sv = nv % Tr::NSTAGES;
+            attnd_mbar_wait(sm.full_k(sk), (nk / Tr::NSTAGES) & 1);
+            if (pingpong) attnd_bar_sync(sched_me, 256);
+            attnd_wgmma_fence();
+            gemm_qk(s, sk);
+            attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+            gemm_pv(o, pf, sv, first_pv);
+            if (pingpong) attnd_bar_arrive(sched_other, 256);
+            first_pv = false;
+            attnd_wgmma_wait<1>();
+            attnd_fence_regs(s);
+            release(sm.empty_k(sk));
+            nk++;
+            softmax(j);
+            attnd_wgmma_wait<0>();
+            attnd_fence_regs(o[0]);
+            if (Tr::OH > 1) attnd_fence_regs(o[Tr::OH - 1]);
+            attnd_fence_regs(pf);
+            release(sm.empty_v(sv));
+            nv++;
+            rescale_o();
+            to_p();
+        }
+        // last tile's P V
+        {
+            const int sv = nv % Tr::NSTAGES;
+            attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+            attnd_wgmma_fence();
+            gemm_pv(o, pf, sv, first_pv);
+            attnd_wgmma_wait<0>();
+            attnd_fence_regs(o[0]);
+            if (Tr::OH > 1) attnd_fence_regs(o[Tr::OH - 1]);
+            release(sm.empty_v(sv));
+            nv++;
+        }
+        attnd_paged_store_rows<Tr::OH * Tr::ON>(a, oat, m_r, l_r, idx0, w.rows_total, w.q_start,
+                                                w.kvh, t4);
+    }
+}
+
+#endif // ATTND_SM90A_DEVICE
+
+// The kernel: grid = persistent CTAs (at most one per SM), THREADS threads, SMEM_BYTES dynamic
+// shared memory; tk / tv: 4D tensor maps of k_cache / v_cache (launch.cu).
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, 1)
+    attnd_paged_sm90_kernel(const __grid_constant__ attnd_paged_kargs a,
+                            const __grid_constant__ CUtensorMap tk,
+                            const __grid_constant__ CUtensorMap tv, int total, int pingpong)
+{
+#ifdef ATTND_SM90A_DEVICE
+    extern __shared__ __align__(1024) unsigned char attnd_smem[];
+    attnd_sm90_smem<Tr> sm;
+    sm.base = (attnd_smem_addr(attnd_smem) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        for (int st = 0; st < Tr::NSTAGES; st++) {
+            attnd_mbar_init(sm.full_k(st), 1);
+            attnd_mbar_init(sm.full_v(st), 1);
+            attnd_mbar_init(sm.empty_k(st), 8);
+            attnd_mbar_init(sm.empty_v(st), 8);
+        }
+        attnd_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp < 4) {
+        attnd_regs_dealloc<Tr::PRODUCER_REGS>();
+        if (warp == 0) {
+            if (lane == 0) {
+                attnd_tma_prefetch(&tk);
+                attnd_tma_prefetch(&tv);
+            }
+            attnd_sm90_producer<Tr> pr{a, &tk, &tv, sm, lane};
+            pr.run(total);
+        }
+    } else {
+        attnd_regs_alloc<Tr::CONSUMER_REGS>();
+        const int ct = tid - 128;
+        attnd_sm90_consumer<Tr> co{a, sm, ct >> 7, (ct >> 5) & 3, lane, ct & 127};
+        co.run(total, pingpong != 0);
+    }
+#else
+    __trap(); // not built for sm_90a: the host never launches this
+#endif
+}
+
+#endif
