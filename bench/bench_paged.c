@@ -270,7 +270,7 @@ typedef struct result {
     int segments;
 } result;
 
-static result g_res[32];
+static result g_res[48];
 static int g_nres;
 static const char *g_only;
 
@@ -324,8 +324,9 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     return ms;
 }
 
-/* Prefill on each core the device has (sm90: with and without the consumers' ping-pong; sm80),
- * the default pick first. */
+/* Prefill on each core the device has (sm90: all features on, then each turned off alone; sm80):
+ * three rounds over the list, each starting one variant later, so that neither drift nor the
+ * clocks after a light variant favour one of them. */
 static void bench_prefill(int batch, int L, int quick)
 {
     if (!selected("prefill", NULL, batch, L)) return;
@@ -336,16 +337,24 @@ static void bench_prefill(int batch, int L, int quick)
         make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
     static const struct {
-        int core, pingpong;
+        int core, off;
         const char *tag;
-    } variants[3] = {{0, 1, "default"}, {90, 0, "sm90 no ping-pong"}, {80, 1, "sm80 core"}};
-    for (int v = 0; v < (c->cc == 90 ? 3 : 1); v++) {
+    } variants[6] = {{0, 0, "default"},
+                     {90, 1, "sm90 no ping-pong"},
+                     {90, 2, "sm90 no L2 sections"},
+                     {90, 4, "sm90 no Q prefetch"},
+                     {90, 8, "sm90 no deep K"},
+                     {80, 0, "sm80 core"}};
+    const int nv = c->cc == 90 ? 6 : 1;
+    for (int i = 0; i < 3 * nv; i++) {
+        const int round = i / nv, v = (i + round) % nv;
         c->paged_core = variants[v].core;
-        c->sm90_pingpong = variants[v].pingpong;
+        c->sm90_off = variants[v].off;
         float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
         result *r = &g_res[g_nres++];
-        snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s", batch, L,
-                 v ? ", " : "", v ? variants[v].tag : "");
+        snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s%s", batch, L,
+                 v ? ", " : "", v ? variants[v].tag : "",
+                 round == 1 ? " (2)" : (round == 2 ? " (3)" : ""));
         r->ms = ms;
         r->figure = flops / ms / 1e9;
         r->unit = "TFLOP/s";
@@ -354,7 +363,7 @@ static void bench_prefill(int batch, int L, int quick)
         fflush(stdout);
     }
     c->paged_core = 0;
-    c->sm90_pingpong = 1;
+    c->sm90_off = 0;
     for (int i = 0; i < nsets; i++)
         free_set(&sets[i]);
 }

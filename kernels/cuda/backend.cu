@@ -42,12 +42,15 @@ static attnd_err cuda_open(attnd_backend *b, const attnd_backend_opts *opts)
         rv = attnd_cuda_check(
             b, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device),
             "cudaDeviceGetAttribute");
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cuda_check(
+            b, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device),
+            "cudaDeviceGetAttribute");
     if (rv != ATTND_ERR_OK) {
         free(c);
         return rv;
     }
     c->cc = major * 10 + minor;
-    c->sm90_pingpong = 1;
     // TMA descriptors are encoded by the driver; without it the sm90 core is not used
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->encode_tmap, 12000,

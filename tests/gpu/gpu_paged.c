@@ -6,12 +6,12 @@
  * before each run, so an unwritten element fails; NaN never passes. The float64 reference of
  * tests/support checks the cpu backend on the same inputs where the case is small enough.
  *
- *   gpu_paged [--reduced] [--seed N] [--verbose] [--core 80|90] [--no-pingpong]
+ *   gpu_paged [--reduced] [--seed N] [--verbose] [--core 80|90] [--sm90-off MASK]
  *
  * --reduced runs a handful of small cases (for compute-sanitizer); --core forces the 2D prefill
- * core (default: the device's pick, the sm90 one on an H100 for 16-bit caches); --no-pingpong
- * runs the sm90 core without the consumers' turn-taking. Prints one summary line
- * "gpu_paged: N passed, M failed" and exits non-zero on any failure. */
+ * core (default: the device's pick, the sm90 one on an H100 for 16-bit caches); --sm90-off turns
+ * features of the sm90 core off (ATTND_SM90_NO_*: 1 ping-pong, 2 L2 sections, 4 Q prefetch). Prints
+ * one summary line "gpu_paged: N passed, M failed" and exits non-zero on any failure. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -691,7 +691,7 @@ static void full_grid(attnd_rng *rng)
 
 int main(int argc, char **argv)
 {
-    int reduced = 0, core = 0, pingpong = 1;
+    int reduced = 0, core = 0, off = 0;
     uint64_t seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reduced") == 0)
@@ -702,12 +702,13 @@ int main(int argc, char **argv)
             seed = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--core") == 0 && i + 1 < argc)
             core = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--no-pingpong") == 0)
-            pingpong = 0;
+        else if (strcmp(argv[i], "--sm90-off") == 0 && i + 1 < argc)
+            off = atoi(argv[++i]);
         else {
-            fprintf(stderr,
-                    "usage: %s [--reduced] [--seed N] [--verbose] [--core 80|90] [--no-pingpong]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--reduced] [--seed N] [--verbose] [--core 80|90] [--sm90-off MASK]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -723,10 +724,10 @@ int main(int argc, char **argv)
         return 1;
     }
     attnd_cuda_of(g_cuda)->paged_core = core;
-    attnd_cuda_of(g_cuda)->sm90_pingpong = pingpong;
+    attnd_cuda_of(g_cuda)->sm90_off = off;
     printf("gpu_paged: seed %llu%s, prefill core %s, cc %d%s\n", (unsigned long long)seed,
            reduced ? " (reduced grid)" : "", core ? (core == 80 ? "sm80" : "sm90") : "auto",
-           attnd_cuda_of(g_cuda)->cc, pingpong ? "" : ", no ping-pong");
+           attnd_cuda_of(g_cuda)->cc, off ? ", sm90 features off" : "");
     attnd_rng rng;
     attnd_rng_seed(&rng, seed);
     if (reduced)

@@ -25,6 +25,7 @@ typedef struct attnd_paged_kargs {
     int32_t kv_same;        /* k_cache and v_cache have the same strides */
     int32_t direct;         /* sm80: blockIdx.x is the sequence (each has at most one q-block) */
     int32_t m_rounds;       /* sm90: q-blocks of the longest sequence (the tile enumeration) */
+    int32_t section;        /* sm90: (sequence, kv head) pairs whose K/V share the L2 at a time */
     int32_t num_segments;
     float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
 } attnd_paged_kargs;

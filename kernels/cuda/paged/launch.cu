@@ -137,7 +137,9 @@ static void launch_init(attnd_paged_launch *l, const attnd_cuda *c, const attnd_
     l->max_smem = c->max_smem_optin;
     l->num_tokens = p->q.shape[0];
     l->max_query_len = p->max_query_len;
-    l->pingpong = c->sm90_pingpong;
+    l->sm90_off = c->sm90_off;
+    l->l2_bytes = c->l2_bytes;
+    l->max_seq_len = p->max_seq_len;
 }
 
 // A 16-bit cache as the sm90 core's TMA sees it: dims (head, kv head, row in block, block) with

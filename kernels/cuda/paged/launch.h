@@ -16,6 +16,14 @@ enum {
     ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
 };
 
+// Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
+enum {
+    ATTND_SM90_NO_PINGPONG = 1,  // consumers issue their GEMMs without taking turns
+    ATTND_SM90_NO_SECTIONS = 2,  // tiles ordered without regard to the L2
+    ATTND_SM90_NO_QPREFETCH = 4, // Q loaded when its tile starts, not during the previous one
+    ATTND_SM90_NO_DEEP_K = 8     // as many K stages as V stages
+};
+
 // What a launch needs besides the kernel arguments; the caller owns the stream.
 typedef struct attnd_paged_launch {
     cudaStream_t stream;
@@ -23,7 +31,9 @@ typedef struct attnd_paged_launch {
     int64_t num_tokens;
     int max_query_len;
     const CUtensorMap *tk, *tv; // sm90: tensor maps of k_cache and v_cache
-    int pingpong;               // sm90: consumers take turns issuing their GEMMs
+    int sm90_off;               // sm90: ATTND_SM90_NO_* features turned off (measurements)
+    int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
+    int max_seq_len;
 } attnd_paged_launch;
 
 // Launch the core on the launch's stream; cudaErrorInvalidConfiguration when the shapes exceed

@@ -2,7 +2,7 @@
 //
 // One persistent CTA per SM, three warpgroups. Warpgroup 0 is the producer: its first warp reads
 // the block table and issues one TMA box per (page, 64-column slab) of each K and V tile into a
-// ring of NSTAGES shared-memory stages (128-byte swizzle, completion on mbarriers); V rows at or
+// ring of shared-memory stages (128-byte swizzle, completion on mbarriers); V rows at or
 // past the sequence's end are written by that warp itself (valid rows of a partial last page
 // loaded, the rest zeros), so P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64
 // packed rows each (paged/rows.cuh): they load their Q rows into shared memory (converted to the
@@ -13,8 +13,10 @@
 // warpgroup's softmax runs under the other's matrix work. Tiles go from the last K/V tile down,
 // so the masked diagonal comes first. The producer's registers go to the consumers (setmaxnreg).
 //
-// Work: tiles of 128 packed rows x one kv head, enumerated heaviest first (the last q-block of
-// every sequence, then the one before, ...), dealt to the CTAs in a snake order.
+// Work: tiles of 128 packed rows x one kv head. The (sequence, kv head) pairs are cut into
+// sections whose K/V fit two thirds of the L2 together; within a section tiles go heaviest first
+// (the last q-block of every pair, then the one before, ...), and the whole order is dealt to the
+// CTAs in a snake, so the CTAs running at once share their K/V through the L2.
 #ifndef ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
 #define ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
 
@@ -22,10 +24,13 @@
 #include <stdint.h>
 
 #include "paged/epilogue.cuh"
+#include "paged/launch.h"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
-template <int D_PAD_, int KV_> struct attnd_paged_sm90_traits {
+// DEEP_K: one more K stage than V stages where shared memory allows (head 128), so the K tile a
+// new work tile starts with is in flight earlier.
+template <int D_PAD_, int KV_, bool DEEP_K = true> struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
@@ -33,21 +38,23 @@ template <int D_PAD_, int KV_> struct attnd_paged_sm90_traits {
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
     static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
-    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2;
+    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2;                        // V stages
+    static constexpr int KSTAGES = NSTAGES + (DEEP_K && D_PAD == 128 ? 1 : 0); // K stages
     static constexpr int SLABS = D_PAD / 64;       // 64-column slabs of a row
     static constexpr int KSTEPS = D_PAD / 16;      // k16 steps of Q K^T
     static constexpr int SR = BLOCK_N / 8;         // S chunks of 8 columns
     static constexpr int OH = D_PAD > 128 ? 2 : 1; // P V products of n <= 128 per k step
     static constexpr int ON = D_PAD / 8 / OH;      // O chunks of 8 columns per product
     static constexpr int Q_WG_BYTES = 64 * D_PAD * 2;
+    static constexpr int QBUF = D_PAD <= 128 ? 2 : 1; // Q buffers: the next tile's loads early
     static constexpr int SLAB_BYTES = BLOCK_N * 128;
     static constexpr int STAGE_BYTES = SLABS * SLAB_BYTES;
     static constexpr int Q_OFF = 0;
-    static constexpr int K_OFF = Q_OFF + 2 * Q_WG_BYTES;
-    static constexpr int V_OFF = K_OFF + NSTAGES * STAGE_BYTES;
+    static constexpr int K_OFF = Q_OFF + 2 * QBUF * Q_WG_BYTES;
+    static constexpr int V_OFF = K_OFF + KSTAGES * STAGE_BYTES;
     static constexpr int BAR_OFF = V_OFF + NSTAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = BAR_OFF + 4 * NSTAGES * 8 + 1024; // + base alignment
-    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+    static constexpr int SMEM_BYTES = BAR_OFF + 4 * KSTAGES * 8 + 1024; // + base alignment
+    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
     static_assert(ON == 8 || ON == 16, "wgmma n64 / n128");
@@ -62,17 +69,18 @@ struct attnd_sm90_tile {
     int seq, kvh, row0, rows_total, q_start, ctx, seq_len, jlo, jhi;
 };
 
-// Tile t of the enumeration (round r = t / (seqs * kv heads): the r-th q-block from the end of
-// each sequence). False when that sequence has fewer q-blocks (nothing to do).
+// Tile t of the enumeration: section t / (section * m_rounds), then round r (the r-th q-block
+// from the end of each pair), then the pair. False when that sequence has fewer q-blocks.
 template <class Tr>
 __device__ __forceinline__ bool attnd_sm90_tile_at(const attnd_paged_kargs &a, int t,
                                                    attnd_sm90_tile *w)
 {
     const int H = (int)a.p.k_cache.shape[2], S = (int)a.p.seq_lens.shape[0], g = a.group;
-    w->kvh = t % H;
-    const int rest = t / H;
-    w->seq = rest % S;
-    const int r = rest / S;
+    const int Z = a.section, per = Z * a.m_rounds, sec = t / per;
+    const int zs = min(Z, S * H - sec * Z), within = t - sec * per;
+    const int r = within / zs, pair = sec * Z + within % zs;
+    w->seq = pair / H;
+    w->kvh = pair % H;
     const attnd_paged_seq s = attnd_paged_seq_at(a, w->seq);
     w->rows_total = s.q_len * g;
     const int qb = (w->rows_total + Tr::BLOCK_M - 1) / Tr::BLOCK_M - 1 - r;
@@ -102,9 +110,9 @@ __device__ __forceinline__ int attnd_sm90_tile_index(int k, int total)
 // Shared-memory addresses of a CTA's stages and barriers.
 template <class Tr> struct attnd_sm90_smem {
     uint32_t base;
-    __device__ __forceinline__ uint32_t q(int wg) const
+    __device__ __forceinline__ uint32_t q(int wg, int buf) const
     {
-        return base + Tr::Q_OFF + wg * Tr::Q_WG_BYTES;
+        return base + Tr::Q_OFF + (buf * 2 + wg) * Tr::Q_WG_BYTES;
     }
     __device__ __forceinline__ uint32_t k(int st) const
     {
@@ -120,15 +128,15 @@ template <class Tr> struct attnd_sm90_smem {
     }
     __device__ __forceinline__ uint32_t full_v(int st) const
     {
-        return full_k(Tr::NSTAGES + st);
+        return full_k(Tr::KSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_k(int st) const
     {
-        return full_k(2 * Tr::NSTAGES + st);
+        return full_k(2 * Tr::KSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_v(int st) const
     {
-        return full_k(3 * Tr::NSTAGES + st);
+        return full_k(3 * Tr::KSTAGES + st);
     }
 };
 
@@ -171,7 +179,7 @@ template <class Tr> struct attnd_sm90_producer {
 
     __device__ __forceinline__ void load_k(const attnd_sm90_tile &w, const int32_t *bt, int j)
     {
-        const int st = nk % Tr::NSTAGES, ph = (nk / Tr::NSTAGES) & 1;
+        const int st = nk % Tr::KSTAGES, ph = (nk / Tr::KSTAGES) & 1;
         nk++;
         attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
         int pid;
@@ -259,11 +267,11 @@ template <class Tr> struct attnd_sm90_consumer {
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
 
-    // This warpgroup's 64 Q rows -> shared memory (compute type, zero past the rows / head).
-    __device__ __forceinline__ void load_q(const attnd_sm90_tile &w) const
+    // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
+    __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
     {
         const int g = a.group, d_act = (int)a.p.q.shape[2];
-        const uint32_t dst = sm.q(wg);
+        const uint32_t dst = sm.q(wg, buf);
         constexpr int QC = Tr::D_PAD / 8;
 #pragma unroll 4
         for (int c = ctid; c < 64 * QC; c += 128) {
@@ -293,13 +301,44 @@ template <class Tr> struct attnd_sm90_consumer {
         attnd_fence_proxy_async();
     }
 
-    // S = Q K^T over stage st (issued, not waited).
-    __device__ __forceinline__ void gemm_qk(float (&s)[Tr::SR][4], int st) const
+    // The same rows copied as they are (Q already in the compute type, 16-byte rows) with
+    // cp.async: issued now, waited for when the tile starts.
+    __device__ __forceinline__ void load_q_async(const attnd_sm90_tile &w, int buf) const
+    {
+        const int g = a.group, d_act = (int)a.p.q.shape[2];
+        const uint32_t dst = sm.q(wg, buf);
+        constexpr int QC = Tr::D_PAD / 8;
+#pragma unroll 4
+        for (int c = ctid; c < 64 * QC; c += 128) {
+            const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
+            const bool ok = idx < w.rows_total && ch * 8 < d_act;
+            const int tok = ok ? w.q_start + idx / g : 0, head = ok ? w.kvh * g + idx % g : 0;
+            const uint16_t *src = (const uint16_t *)a.p.q.data + (int64_t)tok * a.p.q.strides[0] +
+                                  (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
+            attnd_cp_async16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7), src,
+                             ok ? 16 : 0);
+        }
+    }
+
+    // The next tile of this CTA with work, from enumeration position *k on (left at the one
+    // after it); false past the end.
+    __device__ __forceinline__ bool next_tile(int *k, int total, attnd_sm90_tile *w) const
+    {
+        for (;;) {
+            const int t = attnd_sm90_tile_index((*k)++, total);
+            if (t < 0) return false;
+            if (attnd_sm90_tile_at<Tr>(a, t, w)) return true;
+        }
+    }
+
+    // S = Q K^T over stage st with Q buffer qb (issued, not waited).
+    __device__ __forceinline__ void gemm_qk(float (&s)[Tr::SR][4], int st, int qb) const
     {
 #pragma unroll
         for (int kk = 0; kk < Tr::KSTEPS; kk++) {
             const uint32_t off = (uint32_t)(kk & 3) * 32; // k16 step within the slab's row
-            const uint64_t da = attnd_wgmma_desc(sm.q(wg) + (kk >> 2) * (64 * 128) + off, 16, 1024);
+            const uint64_t da =
+                attnd_wgmma_desc(sm.q(wg, qb) + (kk >> 2) * (64 * 128) + off, 16, 1024);
             const uint64_t db =
                 attnd_wgmma_desc(sm.k(st) + (kk >> 2) * Tr::SLAB_BYTES + off, 16, 1024);
             attnd_wgmma<TC, Tr::SR>::ss(s, da, db, kk > 0);
@@ -329,23 +368,31 @@ template <class Tr> struct attnd_sm90_consumer {
         if (lane == 0) attnd_mbar_arrive(bar);
     }
 
-    __device__ __forceinline__ void run(int total, bool pingpong);
+    __device__ __forceinline__ void run(int total, int off);
 };
 
-template <class Tr>
-__device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, bool pingpong)
+template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, int off)
 {
     constexpr int SR = Tr::SR, BLOCK_N = Tr::BLOCK_N;
     const int g = a.group, sw = a.p.sliding_window;
     const int g8 = lane >> 2, t4 = lane & 3;
     const int sched_me = 1 + wg, sched_other = 2 - wg;
+    const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
+    // Q rows copied as they are, a tile ahead: the compute type, 16-byte rows, two buffers
+    const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
+    const bool qpf =
+        Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
     if (pingpong && wg == 0) attnd_bar_arrive(sched_me, 256); // warpgroup 0 issues first
 
-    for (int k = 0;; k++) {
-        const int t = attnd_sm90_tile_index(k, total);
-        if (t < 0) break;
-        attnd_sm90_tile w;
-        if (!attnd_sm90_tile_at<Tr>(a, t, &w)) continue;
+    int k = 0, qb = 0;
+    attnd_sm90_tile w, wn;
+    bool have = next_tile(&k, total, &w);
+    if (have && qpf) {
+        load_q_async(w, 0);
+        attnd_cp_async_commit();
+    }
+    for (; have; w = wn, qb = qpf ? qb ^ 1 : 0) {
+        const bool have_next = next_tile(&k, total, &wn);
 
         // this lane's rows idx0, idx0 + 8 and the warp's position range
         const int idx0 = w.row0 + wg * 64 + wq * 16 + g8, wrow0 = w.row0 + wg * 64 + wq * 16;
@@ -366,14 +413,24 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, bool pin
                 o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.0f;
         float m_r[2] = {attnd_neg_inf(), attnd_neg_inf()}, l_r[2] = {0.0f, 0.0f};
         auto oat = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
+        // this warpgroup's last Q K^T of the previous tile is done: its Q buffer is free
+        attnd_bar_sync(3 + wg, 128);
+        if (qpf) {
+            if (have_next) load_q_async(wn, qb ^ 1);
+            attnd_cp_async_commit();
+        }
+        have = have_next;
         if (w.jhi < w.jlo) { // no key to see (inconsistent lengths): zeros, LSE -inf
             attnd_paged_store_rows<Tr::OH * Tr::ON>(a, oat, m_r, l_r, idx0, w.rows_total, w.q_start,
                                                     w.kvh, t4);
             continue;
         }
-
-        attnd_bar_sync(3 + wg, 128); // this warpgroup's last Q K^T of the previous tile is done
-        load_q(w);
+        if (qpf) {
+            attnd_cp_async_wait<1>(); // this tile's rows (the next tile's may still be in flight)
+            attnd_fence_proxy_async();
+        } else {
+            load_q(w, qb);
+        }
         attnd_bar_sync(3 + wg, 128);
 
         // scores of tile j -> probabilities (in s), row maxima / sums updated; alpha: rescale
@@ -462,10 +519,10 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, bool pin
 
         // first tile: S, softmax, P
         {
-            const int st = nk % Tr::NSTAGES;
-            attnd_mbar_wait(sm.full_k(st), (nk / Tr::NSTAGES) & 1);
+            const int st = nk % Tr::KSTAGES;
+            attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
             attnd_wgmma_fence();
-            gemm_qk(s, st);
+            gemm_qk(s, st, qb);
             attnd_wgmma_wait<0>();
             attnd_fence_regs(s);
             release(sm.empty_k(st));
@@ -475,11 +532,11 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, bool pin
         }
         bool first_pv = true;
         for (int j = w.jhi - 1; j >= w.jlo; j--) {
-            const int sk = nk % Tr::NSTAGES, sv = nv % Tr::NSTAGES;
-            attnd_mbar_wait(sm.full_k(sk), (nk / Tr::NSTAGES) & 1);
+            const int sk = nk % Tr::KSTAGES, sv = nv % Tr::NSTAGES;
+            attnd_mbar_wait(sm.full_k(sk), (nk / Tr::KSTAGES) & 1);
             if (pingpong) attnd_bar_sync(sched_me, 256);
             attnd_wgmma_fence();
-            gemm_qk(s, sk);
+            gemm_qk(s, sk, qb);
             attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
             gemm_pv(o, pf, sv, first_pv);
             if (pingpong) attnd_bar_arrive(sched_other, 256);
@@ -523,7 +580,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
     attnd_paged_sm90_kernel(const __grid_constant__ attnd_paged_kargs a,
                             const __grid_constant__ CUtensorMap tk,
-                            const __grid_constant__ CUtensorMap tv, int total, int pingpong)
+                            const __grid_constant__ CUtensorMap tv, int total, int off)
 {
 #ifdef ATTND_SM90A_DEVICE
     extern __shared__ __align__(1024) unsigned char attnd_smem[];
@@ -531,10 +588,12 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
     sm.base = (attnd_smem_addr(attnd_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
-        for (int st = 0; st < Tr::NSTAGES; st++) {
+        for (int st = 0; st < Tr::KSTAGES; st++) {
             attnd_mbar_init(sm.full_k(st), 1);
-            attnd_mbar_init(sm.full_v(st), 1);
             attnd_mbar_init(sm.empty_k(st), 8);
+        }
+        for (int st = 0; st < Tr::NSTAGES; st++) {
+            attnd_mbar_init(sm.full_v(st), 1);
             attnd_mbar_init(sm.empty_v(st), 8);
         }
         attnd_mbar_init_fence();
@@ -554,7 +613,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
         attnd_regs_alloc<Tr::CONSUMER_REGS>();
         const int ct = tid - 128;
         attnd_sm90_consumer<Tr> co{a, sm, ct >> 7, (ct >> 5) & 3, lane, ct & 127};
-        co.run(total, pingpong != 0);
+        co.run(total, off);
     }
 #else
     __trap(); // not built for sm_90a: the host never launches this
