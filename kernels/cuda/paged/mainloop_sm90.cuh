@@ -260,6 +260,19 @@ template <class Tr> struct attnd_sm90_producer {
 
 // ------------------------------------------------------------------ consumers
 
+// This lane's two rows of a tile: positions, ALiBi slopes, and its warp's position range.
+struct attnd_sm90_rows {
+    int idx0, pos[2], wpos_min, wpos_max;
+    float slope2[2];
+    bool warp_rows;
+};
+
+// The accumulator and online-softmax state of this lane's rows.
+template <class Tr> struct attnd_sm90_acc {
+    float o[Tr::OH][Tr::ON][4];
+    float m[2], l[2], alpha[2];
+};
+
 template <class Tr> struct attnd_sm90_consumer {
     typedef typename Tr::TC TC;
     const attnd_paged_kargs &a;
@@ -368,21 +381,177 @@ template <class Tr> struct attnd_sm90_consumer {
         if (lane == 0) attnd_mbar_arrive(bar);
     }
 
+    // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
+    __device__ __forceinline__ void rows_of(const attnd_sm90_tile &w, attnd_sm90_rows &r) const
+    {
+        const int g = a.group, wrow0 = w.row0 + wg * 64 + wq * 16;
+        r.idx0 = wrow0 + (lane >> 2);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            attnd_paged_row(a, r.idx0 + 8 * i, w.rows_total, w.ctx, w.kvh, &r.pos[i], &r.slope2[i]);
+        r.warp_rows = wrow0 < w.rows_total;
+        r.wpos_min = w.ctx + wrow0 / g;
+        r.wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
+    }
+
+    // Scores of K/V tile j -> logits (log2 domain, masked where needed) -> probabilities in s;
+    // the rows' maxima and sums updated, acc.alpha: the factor O still has to be rescaled by.
+    __device__ __forceinline__ void softmax(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                            int j, float (&s)[Tr::SR][4], attnd_sm90_acc<Tr> &acc)
+    {
+        constexpr int SR = Tr::SR;
+        const int t0 = j * Tr::BLOCK_N, t4 = lane & 3, sw = a.p.sliding_window;
+        const bool need_mask =
+            !r.warp_rows ||
+            !attnd_paged_unmasked(t0, t0 + Tr::BLOCK_N, w.seq_len, r.wpos_min, r.wpos_max, sw);
+        float c = a.qk_scale_log2;
+        if (!a.plain) {
+            c = 1.0f;
+            const float cap = a.p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+#pragma unroll
+            for (int n = 0; n < SR; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int ps = r.pos[e >> 1], tt = t0 + n * 8 + 2 * t4 + (e & 1);
+                    float x = s[n][e] * a.qk_scale;
+                    if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
+                    x = x * ATTND_LOG2E + r.slope2[e >> 1] * (float)(tt - ps);
+                    if (need_mask && !attnd_paged_visible(tt, ps, w.seq_len, sw))
+                        x = attnd_neg_inf();
+                    s[n][e] = x;
+                }
+        } else if (need_mask) {
+#pragma unroll
+            for (int n = 0; n < SR; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int tt = t0 + n * 8 + 2 * t4 + (e & 1);
+                    if (!attnd_paged_visible(tt, r.pos[e >> 1], w.seq_len, sw))
+                        s[n][e] = attnd_neg_inf();
+                }
+        }
+        float mx[2] = {attnd_neg_inf(), attnd_neg_inf()}, ms[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < SR; n++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float m_new = fmaxf(acc.m[i], attnd_quad_max(mx[i]) * c);
+            ms[i] = attnd_softmax_safe_max(m_new);
+            acc.alpha[i] = acc.m[i] == attnd_neg_inf() ? 1.0f : attnd_exp2(acc.m[i] - ms[i]);
+            acc.m[i] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < SR; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[n][e] = attnd_exp2(fmaf(s[n][e], c, -ms[e >> 1]));
+                rs[e >> 1] += s[n][e];
+            }
+        acc.l[0] = acc.l[0] * acc.alpha[0] + rs[0];
+        acc.l[1] = acc.l[1] * acc.alpha[1] + rs[1];
+    }
+
+    // Probabilities -> the A fragments of P V (compute type).
+    static __device__ __forceinline__ void to_p(const float (&s)[Tr::SR][4],
+                                                uint32_t (&pf)[Tr::BLOCK_N / 16][4])
+    {
+#pragma unroll
+        for (int kk = 0; kk < Tr::BLOCK_N / 16; kk++) {
+            pf[kk][0] = attnd_tc<TC>::pack(s[2 * kk][0], s[2 * kk][1]);
+            pf[kk][1] = attnd_tc<TC>::pack(s[2 * kk][2], s[2 * kk][3]);
+            pf[kk][2] = attnd_tc<TC>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[kk][3] = attnd_tc<TC>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+    }
+
+    // O *= alpha, skipped when no row of the warp moved its maximum.
+    static __device__ __forceinline__ void rescale_o(attnd_sm90_acc<Tr> &acc)
+    {
+        if (!__any_sync(0xffffffffu, acc.alpha[0] != 1.0f || acc.alpha[1] != 1.0f)) return;
+#pragma unroll
+        for (int h = 0; h < Tr::OH; h++)
+#pragma unroll
+            for (int n = 0; n < Tr::ON; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc.o[h][n][e] *= acc.alpha[e >> 1];
+    }
+
+    __device__ __forceinline__ void fence_o(attnd_sm90_acc<Tr> &acc) const
+    {
+#pragma unroll
+        for (int h = 0; h < Tr::OH; h++)
+            attnd_fence_regs(acc.o[h]);
+    }
+
+    // The K/V tiles of w, last first, with Q buffer qb: the first tile's Q K^T and softmax, then
+    // per tile Q K^T of j with P V of j + 1 in flight, then the last P V.
+    __device__ __forceinline__ void mainloop(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                             int qb, bool pingpong, attnd_sm90_acc<Tr> &acc)
+    {
+        float s[Tr::SR][4];
+        uint32_t pf[Tr::BLOCK_N / 16][4];
+        {
+            const int st = nk % Tr::KSTAGES;
+            attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
+            attnd_wgmma_fence();
+            gemm_qk(s, st, qb);
+            attnd_wgmma_wait<0>();
+            attnd_fence_regs(s);
+            release(sm.empty_k(st));
+            nk++;
+            softmax(w, r, w.jhi, s, acc);
+            to_p(s, pf);
+        }
+        bool first_pv = true;
+        for (int j = w.jhi - 1; j >= w.jlo; j--) {
+            const int sk = nk % Tr::KSTAGES, sv = nv % Tr::NSTAGES;
+            attnd_mbar_wait(sm.full_k(sk), (nk / Tr::KSTAGES) & 1);
+            if (pingpong) attnd_bar_sync(1 + wg, 256); // this warpgroup's turn
+            attnd_wgmma_fence();
+            gemm_qk(s, sk, qb);
+            attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+            gemm_pv(acc.o, pf, sv, first_pv);
+            if (pingpong) attnd_bar_arrive(2 - wg, 256); // the other's turn
+            first_pv = false;
+            attnd_wgmma_wait<1>();
+            attnd_fence_regs(s);
+            release(sm.empty_k(sk));
+            nk++;
+            softmax(w, r, j, s, acc);
+            attnd_wgmma_wait<0>();
+            fence_o(acc);
+            attnd_fence_regs(pf);
+            release(sm.empty_v(sv));
+            nv++;
+            rescale_o(acc);
+            to_p(s, pf);
+        }
+        const int sv = nv % Tr::NSTAGES;
+        attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+        attnd_wgmma_fence();
+        gemm_pv(acc.o, pf, sv, first_pv);
+        attnd_wgmma_wait<0>();
+        fence_o(acc);
+        release(sm.empty_v(sv));
+        nv++;
+    }
+
     __device__ __forceinline__ void run(int total, int off);
 };
 
+// Every tile of this CTA: Q rows in (copied a tile ahead where they are in the compute type),
+// the main loop, the rows out.
 template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, int off)
 {
-    constexpr int SR = Tr::SR, BLOCK_N = Tr::BLOCK_N;
-    const int g = a.group, sw = a.p.sliding_window;
-    const int g8 = lane >> 2, t4 = lane & 3;
-    const int sched_me = 1 + wg, sched_other = 2 - wg;
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
-    // Q rows copied as they are, a tile ahead: the compute type, 16-byte rows, two buffers
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
         Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
-    if (pingpong && wg == 0) attnd_bar_arrive(sched_me, 256); // warpgroup 0 issues first
+    if (pingpong && wg == 0) attnd_bar_arrive(1, 256); // warpgroup 0 issues first
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
@@ -393,26 +562,18 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     }
     for (; have; w = wn, qb = qpf ? qb ^ 1 : 0) {
         const bool have_next = next_tile(&k, total, &wn);
-
-        // this lane's rows idx0, idx0 + 8 and the warp's position range
-        const int idx0 = w.row0 + wg * 64 + wq * 16 + g8, wrow0 = w.row0 + wg * 64 + wq * 16;
-        int pos[2];
-        float slope2[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            attnd_paged_row(a, idx0 + 8 * r, w.rows_total, w.ctx, w.kvh, &pos[r], &slope2[r]);
-        const bool warp_rows = wrow0 < w.rows_total;
-        const int wpos_min = w.ctx + wrow0 / g;
-        const int wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
-
-        float o[Tr::OH][Tr::ON][4];
+        attnd_sm90_rows r;
+        rows_of(w, r);
+        attnd_sm90_acc<Tr> acc;
 #pragma unroll
         for (int h = 0; h < Tr::OH; h++)
 #pragma unroll
             for (int n = 0; n < Tr::ON; n++)
-                o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.0f;
-        float m_r[2] = {attnd_neg_inf(), attnd_neg_inf()}, l_r[2] = {0.0f, 0.0f};
-        auto oat = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc.o[h][n][e] = 0.0f;
+        acc.m[0] = acc.m[1] = attnd_neg_inf();
+        acc.l[0] = acc.l[1] = 0.0f;
         // this warpgroup's last Q K^T of the previous tile is done: its Q buffer is free
         attnd_bar_sync(3 + wg, 128);
         if (qpf) {
@@ -420,155 +581,19 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
             attnd_cp_async_commit();
         }
         have = have_next;
-        if (w.jhi < w.jlo) { // no key to see (inconsistent lengths): zeros, LSE -inf
-            attnd_paged_store_rows<Tr::OH * Tr::ON>(a, oat, m_r, l_r, idx0, w.rows_total, w.q_start,
-                                                    w.kvh, t4);
-            continue;
+        if (w.jhi >= w.jlo) { // else no key to see (inconsistent lengths): zeros, LSE -inf
+            if (qpf) {
+                attnd_cp_async_wait<1>(); // this tile's rows (the next tile's may be in flight)
+                attnd_fence_proxy_async();
+            } else {
+                load_q(w, qb);
+            }
+            attnd_bar_sync(3 + wg, 128);
+            mainloop(w, r, qb, pingpong, acc);
         }
-        if (qpf) {
-            attnd_cp_async_wait<1>(); // this tile's rows (the next tile's may still be in flight)
-            attnd_fence_proxy_async();
-        } else {
-            load_q(w, qb);
-        }
-        attnd_bar_sync(3 + wg, 128);
-
-        // scores of tile j -> probabilities (in s), row maxima / sums updated; alpha: rescale
-        float s[SR][4];
-        uint32_t pf[BLOCK_N / 16][4];
-        float alpha[2];
-        auto softmax = [&](int j) {
-            const int t0 = j * BLOCK_N;
-            const bool need_mask = !warp_rows || !attnd_paged_unmasked(t0, t0 + BLOCK_N, w.seq_len,
-                                                                       wpos_min, wpos_max, sw);
-            float c = a.qk_scale_log2;
-            if (!a.plain) {
-                c = 1.0f;
-                const float cap = a.p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-#pragma unroll
-                for (int n = 0; n < SR; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int ps = pos[e >> 1], tt = t0 + n * 8 + 2 * t4 + (e & 1);
-                        float x = s[n][e] * a.qk_scale;
-                        if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
-                        x = x * ATTND_LOG2E + slope2[e >> 1] * (float)(tt - ps);
-                        if (need_mask && !attnd_paged_visible(tt, ps, w.seq_len, sw))
-                            x = attnd_neg_inf();
-                        s[n][e] = x;
-                    }
-            } else if (need_mask) {
-#pragma unroll
-                for (int n = 0; n < SR; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int tt = t0 + n * 8 + 2 * t4 + (e & 1);
-                        if (!attnd_paged_visible(tt, pos[e >> 1], w.seq_len, sw))
-                            s[n][e] = attnd_neg_inf();
-                    }
-            }
-            float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
-#pragma unroll
-            for (int n = 0; n < SR; n++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-            }
-            float ms[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float m_new = fmaxf(m_r[r], attnd_quad_max(mx[r]) * c);
-                ms[r] = attnd_softmax_safe_max(m_new);
-                alpha[r] = m_r[r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[r] - ms[r]);
-                m_r[r] = m_new;
-            }
-            float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int n = 0; n < SR; n++) {
-                s[n][0] = attnd_exp2(fmaf(s[n][0], c, -ms[0]));
-                s[n][1] = attnd_exp2(fmaf(s[n][1], c, -ms[0]));
-                s[n][2] = attnd_exp2(fmaf(s[n][2], c, -ms[1]));
-                s[n][3] = attnd_exp2(fmaf(s[n][3], c, -ms[1]));
-                rs[0] += s[n][0] + s[n][1];
-                rs[1] += s[n][2] + s[n][3];
-            }
-            l_r[0] = l_r[0] * alpha[0] + rs[0];
-            l_r[1] = l_r[1] * alpha[1] + rs[1];
-        };
-        auto to_p = [&]() {
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-                pf[kk][0] = attnd_tc<TC>::pack(s[2 * kk][0], s[2 * kk][1]);
-                pf[kk][1] = attnd_tc<TC>::pack(s[2 * kk][2], s[2 * kk][3]);
-                pf[kk][2] = attnd_tc<TC>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pf[kk][3] = attnd_tc<TC>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
-        };
-        auto rescale_o = [&]() {
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                for (int h = 0; h < Tr::OH; h++)
-#pragma unroll
-                    for (int n = 0; n < Tr::ON; n++) {
-                        o[h][n][0] *= alpha[0];
-                        o[h][n][1] *= alpha[0];
-                        o[h][n][2] *= alpha[1];
-                        o[h][n][3] *= alpha[1];
-                    }
-            }
-        };
-
-        // first tile: S, softmax, P
-        {
-            const int st = nk % Tr::KSTAGES;
-            attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
-            attnd_wgmma_fence();
-            gemm_qk(s, st, qb);
-            attnd_wgmma_wait<0>();
-            attnd_fence_regs(s);
-            release(sm.empty_k(st));
-            nk++;
-            softmax(w.jhi);
-            to_p();
-        }
-        bool first_pv = true;
-        for (int j = w.jhi - 1; j >= w.jlo; j--) {
-            const int sk = nk % Tr::KSTAGES, sv = nv % Tr::NSTAGES;
-            attnd_mbar_wait(sm.full_k(sk), (nk / Tr::KSTAGES) & 1);
-            if (pingpong) attnd_bar_sync(sched_me, 256);
-            attnd_wgmma_fence();
-            gemm_qk(s, sk, qb);
-            attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
-            gemm_pv(o, pf, sv, first_pv);
-            if (pingpong) attnd_bar_arrive(sched_other, 256);
-            first_pv = false;
-            attnd_wgmma_wait<1>();
-            attnd_fence_regs(s);
-            release(sm.empty_k(sk));
-            nk++;
-            softmax(j);
-            attnd_wgmma_wait<0>();
-            attnd_fence_regs(o[0]);
-            if (Tr::OH > 1) attnd_fence_regs(o[Tr::OH - 1]);
-            attnd_fence_regs(pf);
-            release(sm.empty_v(sv));
-            nv++;
-            rescale_o();
-            to_p();
-        }
-        // last tile's P V
-        {
-            const int sv = nv % Tr::NSTAGES;
-            attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
-            attnd_wgmma_fence();
-            gemm_pv(o, pf, sv, first_pv);
-            attnd_wgmma_wait<0>();
-            attnd_fence_regs(o[0]);
-            if (Tr::OH > 1) attnd_fence_regs(o[Tr::OH - 1]);
-            release(sm.empty_v(sv));
-            nv++;
-        }
-        attnd_paged_store_rows<Tr::OH * Tr::ON>(a, oat, m_r, l_r, idx0, w.rows_total, w.q_start,
-                                                w.kvh, t4);
+        attnd_paged_store_rows<Tr::OH * Tr::ON>(
+            a, [&](int n, int e) { return acc.o[n / Tr::ON][n % Tr::ON][e]; }, acc.m, acc.l, r.idx0,
+            w.rows_total, w.q_start, w.kvh, lane & 3);
     }
 }
 

@@ -282,12 +282,6 @@ __device__ __forceinline__ float attnd_softmax_safe_max(float m)
     return m == attnd_neg_inf() ? 0.0f : m;
 }
 
-// Factor rescaling state kept under m_old to m_new (both may be -inf).
-__device__ __forceinline__ float attnd_softmax_rescale(float m_old, float m_new)
-{
-    return attnd_exp2(m_old - attnd_softmax_safe_max(m_new));
-}
-
 // Natural-log LSE of a finished row (m log2 domain, l its sum); -inf when nothing was visible.
 __device__ __forceinline__ float attnd_softmax_lse(float m, float l)
 {
