@@ -214,6 +214,320 @@ template <class Tr> struct attnd_kv_loader {
     }
 };
 
+// The Q rows row0.. of a CTA -> shared memory at sq (compute type, swizzled), zero outside the
+// rows and the head size.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_load_q(const attnd_paged_kargs &a, unsigned char *sq,
+                                                  int row0, int rows_total, int q_start, int kvh,
+                                                  int tid)
+{
+    typedef typename Tr::TC TC;
+    const attnd_paged_params &p = a.p;
+    const int g = a.group;
+    constexpr int QCPR = Tr::D_PAD / 8;
+#pragma unroll
+    for (int c = tid; c < Tr::BLOCK_M * QCPR; c += Tr::THREADS) {
+        const int r = c / QCPR, ch = c % QCPR;
+        const int idx = row0 + r;
+        float f[8];
+        if (idx < rows_total && ch * 8 < (int)p.q.shape[2]) {
+            const int tok = q_start + idx / g, head = kvh * g + idx % g;
+            const int64_t e =
+                (int64_t)tok * p.q.strides[0] + (int64_t)head * p.q.strides[1] + ch * 8;
+            attnd_ld8(p.q.data, p.q.dtype, e, a.q_vec != 0, f);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                f[k] = 0.0f;
+        }
+        uint4 w;
+        w.x = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[0]), attnd_tc<TC>::clamp(f[1]));
+        w.y = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2]), attnd_tc<TC>::clamp(f[3]));
+        w.z = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[4]), attnd_tc<TC>::clamp(f[5]));
+        w.w = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[6]), attnd_tc<TC>::clamp(f[7]));
+        *(uint4 *)(sq + attnd_swz(r, ch, Tr::ROW16)) = w;
+    }
+}
+
+// Scores s of keys t0.. (SUB per m-tile) -> logits in the log2 domain, masked where need_mask;
+// returns the factor that still multiplies s on the way into exp2 (the scale on the fast path).
+template <class Tr>
+__device__ __forceinline__ float
+attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4],
+                  const int (&pos)[Tr::MT][2], const float (&slope2)[Tr::MT][2], int t0, int hi,
+                  int t4, bool need_mask)
+{
+    const int sw = a.p.sliding_window;
+    const float cap = a.p.softcap;
+    if (!a.plain) {
+        const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Tr::SUB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, ps = pos[mt][r];
+                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                    float x = s[mt][n][e] * a.qk_scale;
+                    if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
+                    x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
+                    if (need_mask && !attnd_paged_visible(t, ps, hi, sw)) x = attnd_neg_inf();
+                    s[mt][n][e] = x;
+                }
+        return 1.0f;
+    }
+    if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Tr::SUB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                    if (!attnd_paged_visible(t, pos[mt][e >> 1], hi, sw))
+                        s[mt][n][e] = attnd_neg_inf();
+                }
+    }
+    return a.qk_scale_log2;
+}
+
+// Online softmax of logits s (times c) into probabilities; the rows' maxima m and sums l
+// updated, O rescaled (skipped when no row max of the warp moved).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::SUB / 8][4], float c,
+                                                   float (&m_r)[Tr::MT][2], float (&l_r)[Tr::MT][2],
+                                                   float (&o)[Tr::MT][Tr::D_PAD / 8][4])
+{
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++) {
+        float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+        }
+        float ms[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
+            ms[r] = attnd_softmax_safe_max(m_new);
+            // a row with nothing visible yet has o = 0 and l = 0: 1 keeps it so and lets padded
+            // rows (decode) skip the rescale below
+            alpha[r] = m_r[mt][r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[mt][r] - ms[r]);
+            m_r[mt][r] = m_new;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++) {
+            s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
+            s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
+            s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
+            s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
+            rs[0] += s[mt][n][0] + s[mt][n][1];
+            rs[1] += s[mt][n][2] + s[mt][n][3];
+        }
+        l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
+        l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < Tr::D_PAD / 8; n++) {
+                o[mt][n][0] *= alpha[0];
+                o[mt][n][1] *= alpha[0];
+                o[mt][n][2] *= alpha[1];
+                o[mt][n][3] *= alpha[1];
+            }
+        }
+    }
+}
+
+// Epilogue through shared memory (warps that split the tokens, partial 3D outputs, unaligned
+// outputs): per-warp O, m, l -> smem, then per row the warps' states merged, normalised and
+// stored (final output and LSE, or the segment's partial).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
+                       const float (&o)[Tr::MT][Tr::D_PAD / 8][4], const float (&m_r)[Tr::MT][2],
+                       const float (&l_r)[Tr::MT][2], int wm, int wn, int row0, int rows_total,
+                       int q_start, int kvh, int seg, int tid)
+{
+    constexpr int BLOCK_M = Tr::BLOCK_M, D_PAD = Tr::D_PAD;
+    const attnd_paged_params &p = a.p;
+    const int lane = tid & 31, g8 = lane >> 2, t4 = lane & 3, g = a.group;
+    const bool partial = a.num_segments > 1;
+    const int d_act = (int)p.q.shape[2];
+    __syncthreads();
+    float *eo = (float *)smem;
+    float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++) {
+        const float lq0 = attnd_quad_sum(l_r[mt][0]), lq1 = attnd_quad_sum(l_r[mt][1]);
+        const int rbase = wn * BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
+#pragma unroll
+        for (int n = 0; n < D_PAD / 8; n++) {
+            const int col = n * 8 + 2 * t4;
+            *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
+            *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
+                make_float2(o[mt][n][2], o[mt][n][3]);
+        }
+        if (t4 == 0) {
+            eml[2 * rbase] = m_r[mt][0];
+            eml[2 * rbase + 1] = lq0;
+            eml[2 * (rbase + 8)] = m_r[mt][1];
+            eml[2 * (rbase + 8) + 1] = lq1;
+        }
+    }
+    __syncthreads();
+
+    constexpr int C4 = D_PAD / 4;
+#pragma unroll 1
+    for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
+        const int r = c / C4, c4 = c % C4;
+        const int idx = row0 + r;
+        if (idx >= rows_total || c4 * 4 >= d_act) continue;
+        float M = attnd_neg_inf();
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++)
+            M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
+        const float Ms = attnd_softmax_safe_max(M);
+        float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++) {
+            const float wt = attnd_exp2(eml[2 * (w * BLOCK_M + r)] - Ms);
+            L += wt * eml[2 * (w * BLOCK_M + r) + 1];
+            float4 x = *(const float4 *)(eo + (w * BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
+            v[0] += wt * x.x;
+            v[1] += wt * x.y;
+            v[2] += wt * x.z;
+            v[3] += wt * x.w;
+        }
+        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] *= inv;
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        if (!partial) {
+            attnd_stN<4>(p.out.data, p.out.dtype,
+                         (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
+                             c4 * 4,
+                         a.out_vec != 0, v);
+            if (p.out_lse.data && c4 == 0)
+                ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
+                                          (int64_t)tok * p.out_lse.strides[1]] =
+                    attnd_softmax_lse(M, L);
+        } else {
+            const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
+            *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
+            if (c4 == 0) {
+                a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+                a.ws_l[R] = L;
+            }
+        }
+    }
+}
+
+// Which rows this CTA owns (blockIdx.x = q-block qb of the flattened batch): its sequence and
+// q-block within it; false when qb lies past the last sequence.
+template <class Tr>
+__device__ __forceinline__ bool attnd_sm80_cta_rows(const attnd_paged_kargs &a, int qb, int *seq,
+                                                    int *qb_local)
+{
+    if (a.direct) {
+        *seq = qb;
+        *qb_local = 0;
+        return true;
+    }
+    const int32_t *qsl = (const int32_t *)a.p.query_start_loc.data;
+    const int64_t qsl_s0 = a.p.query_start_loc.strides[0];
+    const int g = a.group;
+    int lo_s = 0, hi_s = (int)a.p.seq_lens.shape[0];
+    while (lo_s < hi_s) {
+        int mid = (lo_s + hi_s) >> 1;
+        int64_t start = (int64_t)qsl[mid * qsl_s0] * g / Tr::BLOCK_M + mid;
+        if (start <= qb)
+            lo_s = mid + 1;
+        else
+            hi_s = mid;
+    }
+    *seq = lo_s - 1;
+    if (*seq < 0) return false;
+    *qb_local = qb - (int)((int64_t)qsl[*seq * qsl_s0] * g / Tr::BLOCK_M + *seq);
+    return true;
+}
+
+// Chunk kk of a swizzled 16-bit row: four lane-dependent offsets x (kk % 4) plus an immediate.
+#define ATTND_SWZ_OFF(x, kk) ((x)[(kk)&3] + (uint32_t)(((kk) >> 2) << 7))
+
+// S = Q K^T for this warp's MT m-tiles and SUB keys: Q from registers (qf) or shared memory
+// (q_a: this lane's ldmatrix row), K rows at k_a; qx / kx: the lanes' swizzled chunk offsets.
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_qk(float (&s)[Tr::MT][Tr::SUB / 8][4],
+              const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t q_a,
+              const uint32_t (&qx)[4], uint32_t k_a, const uint32_t (&kx)[4])
+{
+    typedef typename Tr::TC TC;
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++)
+            s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Tr::D_PAD / 16; kk++) {
+        uint32_t af[Tr::MT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++) {
+            if (Tr::Q_IN_REGS) {
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
+            } else {
+                attnd_ldsm_x4(q_a + mt * 16 * Tr::ROW16 + ATTND_SWZ_OFF(qx, kk), af[mt]);
+            }
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < Tr::SUB / 16; n2++) {
+            uint32_t bf[4];
+            attnd_ldsm_x4(k_a + n2 * 16 * Tr::ROW16 + ATTND_SWZ_OFF(kx, kk), bf);
+#pragma unroll
+            for (int mt = 0; mt < Tr::MT; mt++) {
+                attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
+                attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// O += P V: P from the probabilities s (compute type), V rows at v_a (ldmatrix.trans).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][4],
+                                              const float (&s)[Tr::MT][Tr::SUB / 8][4],
+                                              uint32_t v_a, const uint32_t (&vx)[4])
+{
+    typedef typename Tr::TC TC;
+#pragma unroll
+    for (int kk = 0; kk < Tr::SUB / 16; kk++) {
+        uint32_t pa[Tr::MT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++) {
+            pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < Tr::D_PAD / 16; n2++) {
+            uint32_t bf[4];
+            attnd_ldsm_x4_trans(v_a + kk * 16 * Tr::ROW16 + ATTND_SWZ_OFF(vx, n2), bf);
+#pragma unroll
+            for (int mt = 0; mt < Tr::MT; mt++) {
+                attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
+                attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ kernel
 
 template <class Tr>
@@ -235,26 +549,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     // ---- which rows: sequence, q-block, kv head, segment
     int qb = Tr::REVERSE ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int kvh = blockIdx.y, seg = blockIdx.z;
-    const int32_t *qsl = (const int32_t *)p.query_start_loc.data;
-    const int64_t qsl_s0 = p.query_start_loc.strides[0];
     int seq, qb_local;
-    if (a.direct) {
-        seq = qb;
-        qb_local = 0;
-    } else {
-        int lo_s = 0, hi_s = (int)p.seq_lens.shape[0];
-        while (lo_s < hi_s) {
-            int mid = (lo_s + hi_s) >> 1;
-            int64_t start = (int64_t)qsl[mid * qsl_s0] * g / BLOCK_M + mid;
-            if (start <= qb)
-                lo_s = mid + 1;
-            else
-                hi_s = mid;
-        }
-        seq = lo_s - 1;
-        if (seq < 0) return;
-        qb_local = qb - (int)((int64_t)qsl[seq * qsl_s0] * g / BLOCK_M + seq);
-    }
+    if (!attnd_sm80_cta_rows<Tr>(a, qb, &seq, &qb_local)) return;
     const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
     const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
     const int rows_total = sq_.q_len * g;
@@ -338,31 +634,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     }
 
     // ---- Q tile -> shared (compute type, swizzled), zero outside rows / head size
-    {
-        constexpr int QCPR = D_PAD / 8;
-#pragma unroll
-        for (int c = tid; c < BLOCK_M * QCPR; c += Tr::THREADS) {
-            const int r = c / QCPR, ch = c % QCPR;
-            const int idx = row0 + r;
-            float f[8];
-            if (idx < rows_total && ch * 8 < (int)p.q.shape[2]) {
-                const int tok = q_start + idx / g, head = kvh * g + idx % g;
-                const int64_t e =
-                    (int64_t)tok * p.q.strides[0] + (int64_t)head * p.q.strides[1] + ch * 8;
-                attnd_ld8(p.q.data, p.q.dtype, e, a.q_vec != 0, f);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    f[k] = 0.0f;
-            }
-            uint4 w;
-            w.x = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[0]), attnd_tc<TC>::clamp(f[1]));
-            w.y = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2]), attnd_tc<TC>::clamp(f[3]));
-            w.z = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[4]), attnd_tc<TC>::clamp(f[5]));
-            w.w = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[6]), attnd_tc<TC>::clamp(f[7]));
-            *(uint4 *)(sq + attnd_swz(r, ch, ROW16)) = w;
-        }
-    }
+    attnd_sm80_load_q<Tr>(a, sq, row0, rows_total, q_start, kvh, tid);
     __syncthreads();
 
     // ldmatrix lane offsets (bytes; the XOR key is lane & 7 for all three operands)
@@ -384,8 +656,6 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         kx[i] = (uint32_t)(((2 * i + k_cadd) ^ xk) << 4);
         vx[i] = (uint32_t)(((2 * i + v_cadd) ^ xk) << 4);
     }
-#define ATTND_SWZ_OFF(x, kk) ((x)[(kk)&3] + (uint32_t)(((kk) >> 2) << 7))
-
     uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
     if (Tr::Q_IN_REGS) {
 #pragma unroll
@@ -447,148 +717,22 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
 
             // S = Q K^T (MT x 16 rows x SUB tokens)
             float s[MT][SUB / 8][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < SUB / 8; n++)
-                    s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) {
-                uint32_t af[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    if (Tr::Q_IN_REGS) {
-#pragma unroll
-                        for (int x = 0; x < 4; x++)
-                            af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
-                    } else {
-                        attnd_ldsm_x4(sq_a + q_lane + mt * 16 * ROW16 + ATTND_SWZ_OFF(qx, kk),
-                                      af[mt]);
-                    }
-                }
-#pragma unroll
-                for (int n2 = 0; n2 < SUB / 16; n2++) {
-                    uint32_t bf[4];
-                    attnd_ldsm_x4(
-                        kt_a + k_lane + (h * SUB + n2 * 16) * ROW16 + ATTND_SWZ_OFF(kx, kk), bf);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
-                        attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
-                    }
-                }
-            }
+            attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16, kx);
 
-            // logits (log2 domain) with masks; c multiplies s on the way into exp2
-            float c = a.qk_scale_log2;
-            if (!a.plain) {
-                c = 1.0f;
-                const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int n = 0; n < SUB / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, ps = pos[mt][r];
-                            const int t = t0 + n * 8 + 2 * t4 + (e & 1);
-                            float x = s[mt][n][e] * a.qk_scale;
-                            if (p.softcap > 0.0f) x = p.softcap * attnd_tanh(x * inv_cap);
-                            x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
-                            if (need_mask && !attnd_paged_visible(t, ps, hi, sw))
-                                x = attnd_neg_inf();
-                            s[mt][n][e] = x;
-                        }
-            } else if (need_mask) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int n = 0; n < SUB / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, ps = pos[mt][r];
-                            const int t = t0 + n * 8 + 2 * t4 + (e & 1);
-                            if (!attnd_paged_visible(t, ps, hi, sw)) s[mt][n][e] = attnd_neg_inf();
-                        }
-            }
-
-            // online softmax; the O rescale is skipped when no row max of the warp moved
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
-#pragma unroll
-                for (int n = 0; n < SUB / 8; n++) {
-                    mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
-                    mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
-                }
-                float ms[2], alpha[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
-                    ms[r] = attnd_softmax_safe_max(m_new);
-                    // a row with nothing visible yet has o = 0 and l = 0: 1 keeps it so and lets
-                    // padded rows (decode) skip the rescale below
-                    alpha[r] =
-                        m_r[mt][r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[mt][r] - ms[r]);
-                    m_r[mt][r] = m_new;
-                }
-                float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int n = 0; n < SUB / 8; n++) {
-                    s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
-                    s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
-                    s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
-                    s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
-                    rs[0] += s[mt][n][0] + s[mt][n][1];
-                    rs[1] += s[mt][n][2] + s[mt][n][3];
-                }
-                l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
-                l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
-                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                    for (int n = 0; n < D_PAD / 8; n++) {
-                        o[mt][n][0] *= alpha[0];
-                        o[mt][n][1] *= alpha[0];
-                        o[mt][n][2] *= alpha[1];
-                        o[mt][n][3] *= alpha[1];
-                    }
-                }
-            }
+            // logits (log2 domain) with masks, then the online softmax
+            const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, t4, need_mask);
+            attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
 
             // O += P V
-#pragma unroll
-            for (int kk = 0; kk < SUB / 16; kk++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int n2 = 0; n2 < D_PAD / 16; n2++) {
-                    uint32_t bf[4];
-                    attnd_ldsm_x4_trans(
-                        vt_a + v_lane + (h * SUB + kk * 16) * ROW16 + ATTND_SWZ_OFF(vx, n2), bf);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
-                        attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
-                    }
-                }
-            }
+            attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
         } // h
         buf = buf + 1 == NSTAGES ? 0 : buf + 1;
     }
-
-#undef ATTND_SWZ_OFF
 
     // ---- epilogue
     attnd_cp_async_wait<0>();
     attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
     const bool partial = a.num_segments > 1;
-    const int d_act = (int)p.q.shape[2];
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
 #else
@@ -605,74 +749,10 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         return;
     }
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
-    __syncthreads();
-    float *eo = (float *)attnd_smem;
-    float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const float lq0 = attnd_quad_sum(l_r[mt][0]), lq1 = attnd_quad_sum(l_r[mt][1]);
-        const int rbase = wn * BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
-#pragma unroll
-        for (int n = 0; n < D_PAD / 8; n++) {
-            const int col = n * 8 + 2 * t4;
-            *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
-            *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
-                make_float2(o[mt][n][2], o[mt][n][3]);
-        }
-        if (t4 == 0) {
-            eml[2 * rbase] = m_r[mt][0];
-            eml[2 * rbase + 1] = lq0;
-            eml[2 * (rbase + 8)] = m_r[mt][1];
-            eml[2 * (rbase + 8) + 1] = lq1;
-        }
-    }
-    __syncthreads();
-
-    constexpr int C4 = D_PAD / 4;
-#pragma unroll 1
-    for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
-        const int r = c / C4, c4 = c % C4;
-        const int idx = row0 + r;
-        if (idx >= rows_total || c4 * 4 >= d_act) continue;
-        float M = attnd_neg_inf();
-#pragma unroll
-        for (int w = 0; w < Tr::WARPS_N; w++)
-            M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
-        const float Ms = attnd_softmax_safe_max(M);
-        float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < Tr::WARPS_N; w++) {
-            const float wt = attnd_exp2(eml[2 * (w * BLOCK_M + r)] - Ms);
-            L += wt * eml[2 * (w * BLOCK_M + r) + 1];
-            float4 x = *(const float4 *)(eo + (w * BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
-            v[0] += wt * x.x;
-            v[1] += wt * x.y;
-            v[2] += wt * x.z;
-            v[3] += wt * x.w;
-        }
-        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            v[k] *= inv;
-        const int tok = q_start + idx / g, head = kvh * g + idx % g;
-        if (!partial) {
-            attnd_stN<4>(p.out.data, p.out.dtype,
-                         (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
-                             c4 * 4,
-                         a.out_vec != 0, v);
-            if (p.out_lse.data && c4 == 0)
-                ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
-                                          (int64_t)tok * p.out_lse.strides[1]] =
-                    attnd_softmax_lse(M, L);
-        } else {
-            const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
-            *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
-            if (c4 == 0) {
-                a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
-                a.ws_l[R] = L;
-            }
-        }
-    }
+    attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
+                               seg, tid);
 }
+
+#undef ATTND_SWZ_OFF
 
 #endif
