@@ -10,7 +10,7 @@
 #        -DATTND_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a"
 #   nice cmake --build build-cuda -j2 --target attnd attnd-client
 #   bash bench/run_gpu_python.sh stage /work/main/build-py-dev
-# On the device (carry build-py-dev):   bash build-py-dev/run_gpu_python.sh run
+# On the device (carry build-py-dev):   bash build-py-dev/run_gpu_python.sh run [test|bench|all]
 # Results: $OUT/bench_hf_{nomps,mps}.json, the test and daemon logs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,7 +43,8 @@ stop_daemon() {
   kill -TERM "$daemon_pid" && wait "$daemon_pid" || echo "attnd exited with $?"
 }
 
-run() {
+run() {  # what: test, bench or all
+  local what=${1:-all}
   dir=$here
   out=${OUT:-/tmp/attnd-gpu-python}
   mkdir -p "$out"
@@ -56,11 +57,18 @@ run() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
+  [ "$what" = bench ] || run_test
+  [ "$what" = test ] || run_bench
+}
+
+run_test() {
   echo "== test_transformers.py on the CUDA backend, tensors on the GPU"
   ATTND_TEST_BACKEND=cuda ATTND_TEST_DEVICE=cuda timeout 300 \
     python3 -m pytest -q -p no:cacheprovider "$dir/python/tests/test_transformers.py" 2>&1 |
     tee "$out/test_transformers_cuda.log" | tail -15 || echo "test_transformers.py (cuda) failed"
+}
 
+run_bench() {
   sock=/tmp/attnd-bench-py.sock
   python3 - "$sock" >"$out/attnd_bench.json" <<'PY'
 import json, sys
@@ -94,6 +102,6 @@ PY
 
 case "${1:-}" in
   stage) stage "${2:?destination folder}" "${3:-}" ;;
-  run) run ;;
-  *) echo "usage: $0 stage DEST [REPO] | run" >&2; exit 2 ;;
+  run) run "${2:-all}" ;;
+  *) echo "usage: $0 stage DEST [REPO] | run [test|bench|all]" >&2; exit 2 ;;
 esac
