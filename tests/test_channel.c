@@ -290,6 +290,51 @@ Test(channel, poll_takes_each_request_once, .timeout = 30)
     obj_destroy(&b);
 }
 
+/* server.max_inflight_per_session: a session at its bound keeps its posts waiting in their slots
+ * (not refused) while another session's are taken; each reply frees room for one more. */
+Test(channel, a_session_at_its_bound_waits_and_others_go_on, .timeout = 30)
+{
+    obj a, b, c;
+    taken t = {0};
+    attnd_channels *cs = channels(4);
+    attnd_channels_set_session_limit(cs, 3);
+    obj_make(&a, 4);
+    obj_make(&b, 4);
+    obj_make(&c, 2);
+    uint32_t ida = open_ok(cs, 10, &a), idb = open_ok(cs, 10, &b), idc = open_ok(cs, 11, &c);
+    const char *names[4] = {"a0", "a1", "a2", "a3"};
+    for (uint32_t i = 0; i < 4; i++) {
+        post(&a, i, names[i]);
+        post(&b, i, "b");
+    }
+    post(&c, 0, "c0");
+    post(&c, 1, "c1");
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 5);
+    cr_assert_str_eq(t.text[2], "a2");
+    cr_assert_eq(t.req[3].channel, idc);
+    cr_assert_eq(t.req[4].channel, idc);
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 0, "session 10 is at its bound");
+    cr_assert_eq(attnd_channels_reply(cs, ida, 0, "r", 1), ATTND_ERR_OK);
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 1);
+    cr_assert_str_eq(t.text[5], "a3");
+    /* session 11's slots answered and posted again are taken whatever session 10 holds */
+    cr_assert_eq(attnd_channels_reply(cs, idc, 0, "r", 1), ATTND_ERR_OK);
+    post(&c, 0, "c2");
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 1);
+    cr_assert_str_eq(t.text[6], "c2");
+    /* two replies, two of channel b's waiting posts */
+    cr_assert_eq(attnd_channels_reply(cs, ida, 1, "r", 1), ATTND_ERR_OK);
+    cr_assert_eq(attnd_channels_reply(cs, ida, 2, "r", 1), ATTND_ERR_OK);
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 2);
+    cr_assert_eq(t.req[7].channel, idb);
+    cr_assert_eq(t.req[8].channel, idb);
+    cr_assert_eq(attnd_channels_poll(cs, collect_cb, &t), 0);
+    attnd_channels_free(cs);
+    obj_destroy(&a);
+    obj_destroy(&b);
+    obj_destroy(&c);
+}
+
 Test(channel, reply_publishes, .timeout = 30)
 {
     obj o;

@@ -162,6 +162,9 @@ static const attnd_cfg_key cfg_keys[] = {
         0,
         "requests one connection may have unanswered; more are refused UNAVAILABLE (keep it "
         "below server.workers)"),
+    U32("server.max_inflight_per_session", server.max_inflight_per_session, 1, 65536, 64, NULL, 0,
+        "requests a session's channels may have taken and unanswered (waiting for kernels); "
+        "past it its posts wait in their slots while other sessions are served"),
     U32("server.send_timeout_ms", server.send_timeout_ms, 100, 600000, 10000, NULL, 0,
         "a reply the client has not taken by then closes its connection"),
     U32("server.listener_check_ms", server.listener_check_ms, 0, 60000, 1000, NULL, 0,

@@ -35,6 +35,7 @@ typedef struct attnd_cfg_server {
     uint64_t max_message_bytes;                /* NNG_OPT_RECVMAXSZ */
     uint32_t max_message_bytes_before_hello;   /* until a Hello succeeds on the connection */
     uint32_t max_inflight_per_connection;      /* requests one connection may have unanswered */
+    uint32_t max_inflight_per_session;         /* taken from its channels, not answered yet */
     uint32_t send_timeout_ms;                  /* a reply not taken by then closes its connection */
     uint32_t listener_check_ms; /* how often a probe checks that the listeners accept, 0 = off */
     uint32_t drain_timeout_ms;  /* SIGTERM: wait this long for in-flight work */

@@ -71,6 +71,7 @@ attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *e
     if ((rv = attnd_channels_alloc(&sv->channels, sv->guard, cfg->server.channels, sv->log)))
         return attnd_errf(err, n, rv, "server.channels: cannot set up %u channels: %s",
                           cfg->server.channels, attnd_strerror(rv));
+    attnd_channels_set_session_limit(sv->channels, cfg->server.max_inflight_per_session);
     return ATTND_ERR_OK;
 }
 

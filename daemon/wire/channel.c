@@ -39,7 +39,8 @@ struct attnd_channels {
     attnd_log *lg;
     uint32_t max, count;
     uint32_t next_id;
-    chan *chans; /* max entries */
+    uint32_t session_busy_max; /* requests a session may have taken and unanswered; 0 = any */
+    chan *chans;               /* max entries */
 };
 
 static attnd_channel_header *chan_header(const chan *ch)
@@ -379,16 +380,32 @@ static int slot_take(attnd_channels *cs, chan *ch, uint32_t i, attnd_channel_req
 
 /* Take and deliver one channel's requests, closing it when its object shrank (fn may close it
  * too). Returns how many were taken. */
+/* Requests taken from session's channels and not answered yet. */
+static uint32_t session_busy(const attnd_channels *cs, uint64_t session)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0, seen = 0; i < cs->max && seen < cs->count; i++)
+        if (cs->chans[i].id != 0) {
+            seen++;
+            if (cs->chans[i].session == session)
+                n += (uint32_t)__builtin_popcountll(cs->chans[i].busy);
+        }
+    return n;
+}
+
 static uint32_t chan_poll(attnd_channels *cs, chan *ch, attnd_channel_req_fn fn, void *arg)
 {
     attnd_channel_req req;
     uint32_t id = ch->id, taken = 0;
+    uint32_t busy = cs->session_busy_max ? session_busy(cs, ch->session) : 0;
     if (chan_faulted(cs, ch)) {
         chan_broken(cs, ch, "object_shrank");
         return 0;
     }
     for (uint32_t i = 0; i < ch->nslots; i++) {
         if (ch->busy & (1ull << i)) continue;
+        /* a session at its bound leaves its posts waiting in their slots: others go first */
+        if (cs->session_busy_max && busy >= cs->session_busy_max) break;
         int got = slot_take(cs, ch, i, &req);
         if (got < 0) {
             chan_broken(cs, ch, "object_shrank");
@@ -396,12 +413,18 @@ static uint32_t chan_poll(attnd_channels *cs, chan *ch, attnd_channel_req_fn fn,
         }
         if (got == 0) continue;
         taken++;
+        busy++;
         fn(arg, &req);
         if (ch->id != id) return taken; /* fn closed it */
     }
     /* a shrink noticed only by this scan's reads */
     if (chan_faulted(cs, ch)) chan_broken(cs, ch, "object_shrank");
     return taken;
+}
+
+void attnd_channels_set_session_limit(attnd_channels *cs, uint32_t max_busy)
+{
+    cs->session_busy_max = max_busy;
 }
 
 uint32_t attnd_channels_poll(attnd_channels *cs, attnd_channel_req_fn fn, void *arg)

@@ -62,6 +62,10 @@ void attnd_channels_close_session(attnd_channels *cs, uint64_t session);
 attnd_err attnd_channels_check(const attnd_channels *cs, uint64_t session, uint32_t id, char *err,
                                size_t n);
 
+/* At most max_busy requests of one session taken from its channels and not answered yet (they
+ * wait for their kernels); past it the session's posts stay in their slots until replies free
+ * room, so one session cannot queue the GPU full ahead of the others. 0 = no bound. */
+void attnd_channels_set_session_limit(attnd_channels *cs, uint32_t max_busy);
 /* Take the requests posted since the last poll (a slot with a request taken and not yet
  * answered is skipped) and call fn for each; a channel whose object shrank is closed here with
  * a warning in the log. Returns the number taken. */
