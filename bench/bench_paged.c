@@ -21,6 +21,7 @@
 
 #include "../kernels/cuda/cuda_backend.h"
 #include "attnd/kernels.h"
+#include "check.h"
 
 #define HQ 32
 #define HK 8
@@ -32,25 +33,6 @@ static attnd_backend *g_b;
 static cudaStream_t g_stream;
 static int g_num_sms;
 static size_t g_l2;
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-#define AK(call)                                                                                   \
-    do {                                                                                           \
-        attnd_err e_ = (call);                                                                     \
-        if (e_ != ATTND_ERR_OK) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, attnd_strerror(e_), \
-                    attnd_backend_last_error(g_b));                                                \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* ---------------------------------------------------------------- random device data */
 
@@ -91,13 +73,14 @@ static const void *pattern(attnd_dtype dt)
 static void *dev_random(size_t bytes, attnd_dtype dt)
 {
     void *d = NULL;
-    AK(attnd_backend_alloc(g_b, bytes, &d));
+    ATTND_CHECK(attnd_backend_alloc(g_b, bytes, &d), g_b);
     const unsigned char *pat = pattern(dt);
     size_t rot = (size_t)(rnd() % (PATTERN_BYTES / 16)) * 16;
     for (size_t off = 0; off < bytes;) {
         size_t n = PATTERN_BYTES - rot;
         if (n > bytes - off) n = bytes - off;
-        CK(cudaMemcpy((unsigned char *)d + off, pat + rot, n, cudaMemcpyHostToDevice));
+        ATTND_CHECK_CUDA(
+            cudaMemcpy((unsigned char *)d + off, pat + rot, n, cudaMemcpyHostToDevice));
         off += n;
         rot = 0;
     }
@@ -107,8 +90,8 @@ static void *dev_random(size_t bytes, attnd_dtype dt)
 static void *dev_copy(const void *h, size_t bytes)
 {
     void *d = NULL;
-    AK(attnd_backend_alloc(g_b, bytes, &d));
-    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    ATTND_CHECK(attnd_backend_alloc(g_b, bytes, &d), g_b);
+    ATTND_CHECK_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -183,7 +166,7 @@ static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt,
     s->nbufs = 7;
     if (segments > 0) {
         s->ws_bytes = attnd_paged_3d_workspace_size(T, HQ, HD, segments);
-        AK(attnd_backend_alloc(g_b, s->ws_bytes, &s->ws));
+        ATTND_CHECK(attnd_backend_alloc(g_b, s->ws_bytes, &s->ws), g_b);
     }
 }
 
@@ -215,22 +198,22 @@ static float time_op(set *sets, int nsets, int segments, int warmup, int iters)
     cudaEvent_t *ev = malloc((size_t)(iters + 1) * 2 * sizeof *ev);
     float *ms = malloc((size_t)iters * sizeof *ms);
     for (int i = 0; i < 2 * iters; i++)
-        CK(cudaEventCreate(&ev[i]));
+        ATTND_CHECK_CUDA(cudaEventCreate(&ev[i]));
     for (int i = 0; i < warmup + iters; i++) {
         set *s = &sets[i % nsets];
         int timed = i >= warmup;
-        if (timed) CK(cudaEventRecord(ev[2 * (i - warmup)], g_stream));
+        if (timed) ATTND_CHECK_CUDA(cudaEventRecord(ev[2 * (i - warmup)], g_stream));
         if (segments > 0)
-            AK(attnd_paged_attention_3d(g_b, &s->p, segments, s->ws));
+            ATTND_CHECK(attnd_paged_attention_3d(g_b, &s->p, segments, s->ws), g_b);
         else
-            AK(attnd_paged_attention_2d(g_b, &s->p));
-        if (timed) CK(cudaEventRecord(ev[2 * (i - warmup) + 1], g_stream));
+            ATTND_CHECK(attnd_paged_attention_2d(g_b, &s->p), g_b);
+        if (timed) ATTND_CHECK_CUDA(cudaEventRecord(ev[2 * (i - warmup) + 1], g_stream));
     }
-    AK(attnd_backend_sync(g_b));
+    ATTND_CHECK(attnd_backend_sync(g_b), g_b);
     for (int i = 0; i < iters; i++)
-        CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+        ATTND_CHECK_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
     for (int i = 0; i < 2 * iters; i++)
-        CK(cudaEventDestroy(ev[i]));
+        ATTND_CHECK_CUDA(cudaEventDestroy(ev[i]));
     qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
     float med = ms[iters / 2];
     free(ev);
@@ -392,7 +375,7 @@ int main(int argc, char **argv)
     g_stream = c->stream;
     g_num_sms = c->num_sms;
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, c->device));
+    ATTND_CHECK_CUDA(cudaGetDeviceProperties(&prop, c->device));
     g_l2 = (size_t)prop.l2CacheSize;
     printf("bench_paged: %s (cc %d), %d SMs, L2 %zu MiB; bf16 q/out, %d q heads, %d kv heads, head "
            "%d, "

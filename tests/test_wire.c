@@ -7,18 +7,9 @@
 
 #include "attnd.pb-c.h"
 #include "wire/wire.h"
+#include "pbwire.h"
 
 static char msg[256];
-
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    do {
-        p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    return n;
-}
 
 static Attnd__Request *decode(const uint8_t *buf, size_t len, uint32_t max, uint64_t *id,
                               attnd_err *code)
@@ -99,14 +90,14 @@ Test(wire, packed_elements_and_unknown_fields_count, .timeout = 30)
     uint8_t *buf = malloc(2 * n), inner[16];
     size_t ih = 0;
     inner[ih++] = 0x22; /* TensorRef.shape = 4, packed */
-    ih += put_varint(inner + ih, n);
+    ih += attnd_pb_put_varint(inner + ih, n);
     buf[h++] = 0x08;
     buf[h++] = 7;
     buf[h++] = 0x9a; /* attend = 19, length-delimited */
     buf[h++] = 0x01;
-    h += put_varint(buf + h, 1 + put_varint((uint8_t[10]){0}, ih + n) + ih + n);
+    h += attnd_pb_put_varint(buf + h, 1 + attnd_pb_put_varint((uint8_t[10]){0}, ih + n) + ih + n);
     buf[h++] = 0x1a; /* Attend.q = 3 */
-    h += put_varint(buf + h, ih + n);
+    h += attnd_pb_put_varint(buf + h, ih + n);
     memcpy(buf + h, inner, ih);
     h += ih;
     memset(buf + h, 0, n);

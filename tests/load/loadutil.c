@@ -308,3 +308,24 @@ out:
     free(o);
     return rc;
 }
+
+pid_t lu_spawn(const char *name, const char *url, const char *arg, char *line, size_t n)
+{
+    char bin[512];
+    int fds[2];
+    snprintf(bin, sizeof bin, "%s/tests/load/%s", getenv("ATTND_BUILD_DIR"), name);
+    if (pipe(fds) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        execl(bin, bin, url, arg, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    int got = f != NULL && fgets(line, (int)n, f) != NULL;
+    if (f != NULL) fclose(f);
+    return got ? pid : -1;
+}

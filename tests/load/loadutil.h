@@ -25,6 +25,10 @@ int lu_http_get(uint16_t port, const char *path, char **body);
 /* The value of a sample line ("name{labels}") in a Prometheus text; -1 when absent. */
 double lu_metric(const char *text, const char *series);
 
+/* Run $ATTND_BUILD_DIR/tests/load/<name> url [arg] with its stdout on a pipe and read its first
+ * line into line (n bytes): the child's pid, or -1 when it could not start or wrote nothing. */
+pid_t lu_spawn(const char *name, const char *url, const char *arg, char *line, size_t n);
+
 /* A raw REQ socket dialed to url (recv timeout ms). 0 on success. */
 int lu_raw_open(const char *url, int timeout_ms, uint32_t *sock_id);
 void lu_raw_close(uint32_t sock_id);

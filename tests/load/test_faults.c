@@ -53,24 +53,10 @@ static uint16_t http_port(const attnd_daemon_proc *d)
  * its session. */
 static pid_t start_fault_client(const attnd_daemon_proc *d, unsigned long long *session)
 {
-    char bin[512], line[128] = "";
-    int fds[2];
-    snprintf(bin, sizeof bin, "%s/tests/load/attnd_fault_client", getenv("ATTND_BUILD_DIR"));
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        execl(bin, bin, d->url, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = fdopen(fds[0], "r");
-    cr_assert(fgets(line, sizeof line, f) != NULL &&
-                  sscanf(line, "mid-step session=%llu", session) == 1,
-              "the fault client did not reach the middle of its step (%s)", bin);
-    fclose(f);
+    char line[128] = "";
+    pid_t pid = lu_spawn("attnd_fault_client", d->url, NULL, line, sizeof line);
+    cr_assert(pid > 0 && sscanf(line, "mid-step session=%llu", session) == 1,
+              "the fault client did not reach the middle of its step");
     return pid;
 }
 

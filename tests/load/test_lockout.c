@@ -18,6 +18,7 @@
 #include <nng/nng.h>
 
 #include "loadutil.h"
+#include "pbwire.h"
 
 #define LOCKOUT_CONFIG(server_extra, limits_extra)                                                 \
     "{\"backend\": \"cpu\", \"threads\": 1,"                                                       \
@@ -127,16 +128,6 @@ Test(lockout, fast_connect_hello_close_cycles_leave_room, .timeout = 180)
 
 /* ---------------------------------------------------------------- memory (item 9) */
 
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    do {
-        p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    return n;
-}
-
 /* Request{id, session, begin_step: BeginStep{seqs: n empty StepSeq}}: 2 bytes on the wire per
  * entry, one allocated struct (and a pointer) each once decoded. */
 static nng_msg *begin_step_of_empty_entries(size_t n, uint64_t id, uint64_t session)
@@ -145,12 +136,12 @@ static nng_msg *begin_step_of_empty_entries(size_t n, uint64_t id, uint64_t sess
     size_t h = 0;
     nng_msg *m = NULL;
     head[h++] = 0x08; /* id */
-    h += put_varint(head + h, id);
+    h += attnd_pb_put_varint(head + h, id);
     head[h++] = 0x10; /* session */
-    h += put_varint(head + h, session);
+    h += attnd_pb_put_varint(head + h, session);
     head[h++] = 0x92; /* begin_step = 18, length-delimited */
     head[h++] = 0x01;
-    h += put_varint(head + h, 2 * n);
+    h += attnd_pb_put_varint(head + h, 2 * n);
     cr_assert_eq(nng_msg_alloc(&m, h + 2 * n), 0);
     uint8_t *p = nng_msg_body(m);
     memcpy(p, head, h);

@@ -40,23 +40,9 @@ static int objects_of(pid_t pid)
 /* Start the shm client in mode; returns its pid once it is connected. */
 static pid_t start_shm_client(const attnd_daemon_proc *d, const char *mode)
 {
-    char bin[512], line[64] = "";
-    int fds[2];
-    snprintf(bin, sizeof bin, "%s/tests/load/attnd_shm_client", getenv("ATTND_BUILD_DIR"));
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        execl(bin, bin, d->url, mode, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = fdopen(fds[0], "r");
-    cr_assert(fgets(line, sizeof line, f) != NULL && strncmp(line, "ready", 5) == 0,
-              "the shm client did not connect (%s)", bin);
-    fclose(f);
+    char line[64] = "";
+    pid_t pid = lu_spawn("attnd_shm_client", d->url, mode, line, sizeof line);
+    cr_assert(pid > 0 && strncmp(line, "ready", 5) == 0, "the shm client did not connect");
     return pid;
 }
 
