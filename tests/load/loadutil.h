@@ -12,6 +12,15 @@
 #include "attnd/client.h"
 #include "daemon_proc.h"
 
+/* A small CPU daemon on @URL@ with extra "server" keys (server_extra: `, "key": value...`). */
+#define LU_SERVER_CONFIG(server_extra)                                                             \
+    "{\"backend\": \"cpu\", \"threads\": 1,"                                                       \
+    " \"server\": {\"listen\": \"@URL@\"" server_extra "},"                                        \
+    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
+    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 256,"      \
+    " \"max_blocks_per_seq\": 32},"                                                                \
+    " \"log\": {\"level\": \"info\", \"stats_interval_s\": 0}}"
+
 /* Wait (at most timeout_ms) for a log line containing `needle`; 0 when found. */
 int lu_log_wait(const attnd_daemon_proc *d, const char *needle, int timeout_ms);
 /* How many log lines contain `needle`. */

@@ -22,14 +22,6 @@
 
 #include "loadutil.h"
 
-#define ACCESS_CONFIG(server_extra)                                                                \
-    "{\"backend\": \"cpu\", \"threads\": 1,"                                                       \
-    " \"server\": {\"listen\": \"@URL@\"" server_extra "},"                                        \
-    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
-    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 256,"      \
-    " \"max_blocks_per_seq\": 32},"                                                                \
-    " \"log\": {\"level\": \"info\", \"stats_interval_s\": 0}}"
-
 /* ---------------------------------------------------------------- isolation */
 
 Test(access, one_client_cannot_touch_anothers_sequences_regions_or_session, .timeout = 120)
@@ -38,7 +30,7 @@ Test(access, one_client_cannot_touch_anothers_sequences_regions_or_session, .tim
     char why[256];
     attnd_shm shm;
     attnd_seq_info info;
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG("")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG("")), 0);
     attnd_client *a = attnd_daemon_connect(&d, 5000), *b = attnd_daemon_connect(&d, 5000);
     cr_assert(a && b);
     cr_assert_eq(attnd_client_seq_create(a, 5, NULL), ATTND_ERR_OK);
@@ -114,13 +106,13 @@ Test(access, ipc_socket_mode_defaults_to_0660_and_is_configurable, .timeout = 12
 {
     attnd_daemon_proc d;
     struct stat st;
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG("")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG("")), 0);
     cr_assert_eq(stat(d.sock_path, &st), 0);
     cr_assert(S_ISSOCK(st.st_mode));
     cr_assert_eq(st.st_mode & 07777, 0660, "mode %o", st.st_mode & 07777);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG(", \"ipc_mode\": \"0600\"")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG(", \"ipc_mode\": \"0600\"")), 0);
     cr_assert_eq(stat(d.sock_path, &st), 0);
     cr_assert_eq(st.st_mode & 07777, 0600, "mode %o", st.st_mode & 07777);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
@@ -156,15 +148,15 @@ Test(access, ipc_socket_group_is_set_and_a_bad_group_stops_the_start, .timeout =
     char grp[64], cfg[1024];
     if (other_group(grp, sizeof grp) == NULL)
         cr_skip_test("no second group to give the socket to (not root, one group)");
-    snprintf(cfg, sizeof cfg, ACCESS_CONFIG(", \"ipc_group\": \"%s\""), grp);
+    snprintf(cfg, sizeof cfg, LU_SERVER_CONFIG(", \"ipc_group\": \"%s\""), grp);
     cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
     cr_assert_eq(stat(d.sock_path, &st), 0);
     cr_assert_eq(st.st_gid, getgrnam(grp)->gr_gid, "socket group %u, want %s", st.st_gid, grp);
     cr_assert_eq(st.st_mode & 07777, 0660);
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG(", \"ipc_group\": \"no-such-group-x\"")), -1,
-                 "the daemon started with a group that does not exist");
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG(", \"ipc_group\": \"no-such-group-x\"")),
+                 -1, "the daemon started with a group that does not exist");
     cr_assert_geq(lu_log_count(&d, "server.ipc_group"), 1, "the log does not name the key");
     unlink(d.log_path);
 }
@@ -264,19 +256,19 @@ Test(access, tcp_only_when_configured_and_the_token_is_required, .timeout = 120)
 {
     attnd_daemon_proc d;
     char cfg[1024], tcp[64];
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG("")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG("")), 0);
     cr_assert_eq(tcp_listeners(d.pid), 0, "a TCP listener without server.listen_tcp");
     cr_assert_eq(attnd_daemon_stop(&d), 0);
 
     snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%u", free_port());
-    snprintf(cfg, sizeof cfg, ACCESS_CONFIG(", \"listen_tcp\": \"%s\""), tcp);
+    snprintf(cfg, sizeof cfg, LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\""), tcp);
     cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
     cr_assert_eq(tcp_listeners(d.pid), 1);
     cr_assert_eq(hello_over(tcp, NULL), ATTND_ERR_OK, "no token configured: Hello is open");
 
     /* the token is a live key: a reload turns it on for new sessions */
     snprintf(cfg, sizeof cfg,
-             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"s3cret-t0ken\""), tcp);
+             LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"s3cret-t0ken\""), tcp);
     reload_config(&d, cfg);
     cr_assert_eq(hello_over(tcp, NULL), ATTND_ERR_PERMISSION_DENIED);
     cr_assert_eq(hello_over(tcp, "s3cret-t0kem"), ATTND_ERR_PERMISSION_DENIED);
@@ -320,12 +312,12 @@ Test(access, status_needs_the_token_when_one_is_configured, .timeout = 120)
     attnd_status st;
     char cfg[1024], tcp[64];
     snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%u", free_port());
-    snprintf(cfg, sizeof cfg, ACCESS_CONFIG(", \"listen_tcp\": \"%s\""), tcp);
+    snprintf(cfg, sizeof cfg, LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\""), tcp);
     cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
     cr_assert_eq(raw_status_code(tcp, 0), ATTND_ERR_OK, "no token configured: Status is open");
     /* the token on (a live key; daemon_proc's start-up Hello has none) */
     snprintf(cfg, sizeof cfg,
-             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"st4tus-t0ken\""), tcp);
+             LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\", \"token\": \"st4tus-t0ken\""), tcp);
     reload_config(&d, cfg);
     cr_assert_eq(raw_status_code(tcp, 0), ATTND_ERR_PERMISSION_DENIED, "tcp, no Hello");
     cr_assert_eq(raw_status_code(d.url, 0), ATTND_ERR_PERMISSION_DENIED, "ipc, no Hello");
@@ -365,7 +357,7 @@ Test(access, hostile_sizes_are_rejected_before_any_allocation, .timeout = 120)
     attnd_daemon_proc d;
     uint32_t s;
     char shm_name[64];
-    cr_assert_eq(attnd_daemon_start(&d, ACCESS_CONFIG("")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG("")), 0);
     cr_assert_eq(lu_raw_open(d.url, 5000, &s), 0);
     Attnd__Request req = ATTND__REQUEST__INIT;
     Attnd__Hello hello = ATTND__HELLO__INIT;
@@ -511,7 +503,7 @@ Test(access, tls_listener_answers_tls_clients_only, .timeout = 120)
     cr_assert_eq(system(cmd), 0, "openssl could not make a certificate");
     snprintf(url, sizeof url, "tls+tcp://127.0.0.1:%u", free_port());
     snprintf(cfg, sizeof cfg,
-             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, pem);
+             LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, pem);
     cr_assert_eq(attnd_daemon_start(&d, cfg), 0);
     cr_assert_eq(tcp_listeners(d.pid), 1);
     cr_assert_eq(tls_status(url, crt), ATTND_ERR_OK, "a TLS client got no answer");
@@ -532,7 +524,7 @@ Test(access, tls_listener_answers_tls_clients_only, .timeout = 120)
 
     /* a certificate file that is not one: the start fails and says which key */
     snprintf(cfg, sizeof cfg,
-             ACCESS_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, crt);
+             LU_SERVER_CONFIG(", \"listen_tcp\": \"%s\", \"tls_cert_key_file\": \"%s\""), url, crt);
     cr_assert_eq(attnd_daemon_start(&d, cfg), -1);
     cr_assert_geq(lu_log_count(&d, "server.tls_cert_key_file"), 1);
     unlink(d.log_path);

@@ -17,14 +17,6 @@
 
 #include "loadutil.h"
 
-#define LISTEN_CONFIG(server_extra)                                                                \
-    "{\"backend\": \"cpu\", \"threads\": 1,"                                                       \
-    " \"server\": {\"listen\": \"@URL@\"" server_extra "},"                                        \
-    " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
-    " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 256,"      \
-    " \"max_blocks_per_seq\": 32},"                                                                \
-    " \"log\": {\"level\": \"info\", \"stats_interval_s\": 0}}"
-
 /* ---------------------------------------------------------------- helpers */
 
 /* A fresh client's Hello, with calls of 1 s, retried for at most wait_ms: OK once served. */
@@ -130,7 +122,7 @@ Test(listen, a_second_daemon_fails_cleanly_and_the_first_serves_on, .timeout = 2
 {
     attnd_daemon_proc d;
     char cfg[4096], out[8192];
-    cr_assert_eq(attnd_daemon_start(&d, LISTEN_CONFIG(", \"listen_tcp\": \"@TCP@\"")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG(", \"listen_tcp\": \"@TCP@\"")), 0);
     attnd_client *keep = long_lived_client(d.url);
     config_of(&d, cfg, sizeof cfg);
     for (int i = 0; i < 5; i++) {
@@ -171,7 +163,7 @@ Test(listen, a_second_daemon_fails_cleanly_and_the_first_serves_on, .timeout = 2
 Test(listen, stray_connections_never_take_the_socket_away, .timeout = 240)
 {
     attnd_daemon_proc d;
-    cr_assert_eq(attnd_daemon_start(&d, LISTEN_CONFIG(", \"listen_tcp\": \"@TCP@\"")), 0);
+    cr_assert_eq(attnd_daemon_start(&d, LU_SERVER_CONFIG(", \"listen_tcp\": \"@TCP@\"")), 0);
     attnd_client *keep = long_lived_client(d.url);
     int port = atoi(strrchr(d.tcp_url, ':') + 1);
     /* connect()+close() (nc -zU, a probe), a partial SP header then close, on ipc; FIN+RST on
