@@ -100,6 +100,7 @@ static void hook_reload(void *arg)
         return;
     }
     int differ = attnd_config_apply_live(&d->cfg, &next, restart, sizeof restart);
+    attnd_config_fini(&next); /* its geometry (layers included) is not applied: restart-only */
     attnd_log_set_level(&d->log, (attnd_log_level)d->cfg.log.level);
     live_update *u = malloc(sizeof *u);
     if (u != NULL) {
@@ -291,10 +292,13 @@ int main(int argc, char **argv)
     }
     if (check) {
         printf("attnd: %s: ok\n", d.config_path);
+        attnd_config_fini(&d.cfg);
         return 0;
     }
     /* a client that goes away mid-write must not kill us; NNG reports it as an error */
     signal(SIGPIPE, SIG_IGN);
     attnd_log_init(&d.log, (attnd_log_level)d.cfg.log.level, NULL);
-    return run(&d);
+    int status = run(&d);
+    attnd_config_fini(&d.cfg);
+    return status;
 }
