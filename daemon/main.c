@@ -156,11 +156,9 @@ static int start_modules(daemon_ctx *d)
     }
     /* cpu: the planner fills the worker threads; cuda: the SMs, counted by state/devmem */
     int32_t units = d->cfg.threads ? (int32_t)d->cfg.threads : (int32_t)(cores > 0 ? cores : 1);
-    rv = attnd_serve_alloc(&d->sv, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
-    if (rv != ATTND_ERR_OK) {
-        snprintf(err, sizeof err, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
-        goto fail;
-    }
+    rv = attnd_serve_alloc(&d->sv, &d->cfg, attnd_exec_backend(d->ex), units, &d->log, err,
+                           sizeof err);
+    if (rv != ATTND_ERR_OK) goto fail;
     if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK) goto fail;
     attnd_observe_set_memory(d->obs, d->sv->model.geo.num_blocks, d->sv->dm->device_name,
                              d->sv->dm->device_bytes);
