@@ -270,7 +270,7 @@ typedef struct result {
     int segments;
 } result;
 
-static result g_res[32];
+static result g_res[48];
 static int g_nres;
 static const char *g_only;
 
@@ -324,23 +324,46 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     return ms;
 }
 
+/* Prefill on each core the device has (sm90: all features on, then each turned off alone; sm80):
+ * three rounds over the list, each starting one variant later, so that neither drift nor the
+ * clocks after a light variant favour one of them. */
 static void bench_prefill(int batch, int L, int quick)
 {
     if (!selected("prefill", NULL, batch, L)) return;
+    attnd_cuda *c = attnd_cuda_of(g_b);
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, L, L, ATTND_DTYPE_BF16));
     for (int i = 0; i < nsets; i++)
         make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
-    float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
-    result *r = &g_res[g_nres++];
-    snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal", batch, L);
-    r->ms = ms;
-    r->figure = flops / ms / 1e9;
-    r->unit = "TFLOP/s";
-    r->segments = 0;
-    printf("%-28s          %8.4f ms %8.1f TFLOP/s  (sets=%d)\n", r->name, ms, r->figure, nsets);
-    fflush(stdout);
+    static const struct {
+        int core, off;
+        const char *tag;
+    } variants[6] = {{0, 0, "default"},
+                     {90, 1, "sm90 no ping-pong"},
+                     {90, 2, "sm90 no L2 sections"},
+                     {90, 4, "sm90 no Q prefetch"},
+                     {90, 8, "sm90 no deep K"},
+                     {80, 0, "sm80 core"}};
+    const int nv = c->cc == 90 ? 6 : 1;
+    for (int i = 0; i < 3 * nv; i++) {
+        const int round = i / nv, v = (i + round) % nv;
+        c->paged_core = variants[v].core;
+        c->sm90_off = variants[v].off;
+        float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
+        result *r = &g_res[g_nres++];
+        snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s%s", batch, L,
+                 v ? ", " : "", v ? variants[v].tag : "",
+                 round == 1 ? " (2)" : (round == 2 ? " (3)" : ""));
+        r->ms = ms;
+        r->figure = flops / ms / 1e9;
+        r->unit = "TFLOP/s";
+        r->segments = 0;
+        printf("%-28s          %8.4f ms %8.1f TFLOP/s  (sets=%d)\n", r->name, ms, r->figure, nsets);
+        fflush(stdout);
+    }
+    c->paged_core = 0;
+    c->sm90_off = 0;
     for (int i = 0; i < nsets; i++)
         free_set(&sets[i]);
 }
@@ -371,9 +394,10 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, c->device));
     g_l2 = (size_t)prop.l2CacheSize;
-    printf("bench_paged: %s, %d SMs, L2 %zu MiB; bf16 q/out, %d q heads, %d kv heads, head %d, "
+    printf("bench_paged: %s (cc %d), %d SMs, L2 %zu MiB; bf16 q/out, %d q heads, %d kv heads, head "
+           "%d, "
            "block %d\n",
-           prop.name, g_num_sms, g_l2 >> 20, HQ, HK, HD, BS);
+           prop.name, c->cc, g_num_sms, g_l2 >> 20, HQ, HK, HD, BS);
 
     static const int dec[4][2] = {{1, 32768}, {8, 8192}, {64, 4096}, {256, 2048}};
     float t_bf16_64 = 0.0f, t_fp8_64 = 0.0f;

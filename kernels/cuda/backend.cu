@@ -33,9 +33,31 @@ static attnd_err cuda_open(attnd_backend *b, const attnd_backend_opts *opts)
                                                      cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                      c->device),
                               "cudaDeviceGetAttribute");
+    int major = 0, minor = 0;
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cuda_check(
+            b, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
+            "cudaDeviceGetAttribute");
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cuda_check(
+            b, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device),
+            "cudaDeviceGetAttribute");
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cuda_check(
+            b, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device),
+            "cudaDeviceGetAttribute");
     if (rv != ATTND_ERR_OK) {
         free(c);
         return rv;
+    }
+    c->cc = major * 10 + minor;
+    // TMA descriptors are encoded by the driver; without it the sm90 core is not used
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->encode_tmap, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        c->encode_tmap = NULL;
     }
     b->impl = c;
     return ATTND_ERR_OK;

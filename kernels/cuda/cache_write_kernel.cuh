@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "attn_math.cuh"
+#include "prims/math.cuh"
 
 typedef struct attnd_cache_write_args {
     const void *key, *value;

@@ -12,6 +12,13 @@ typedef struct attnd_cuda {
     cudaStream_t stream;
     int num_sms;
     int max_smem_optin;         /* bytes of shared memory a block may opt into */
+    int cc;                     /* compute capability, major * 10 + minor */
+    int l2_bytes;               /* L2 cache size */
+    void *encode_tmap;          /* the driver's cuTensorMapEncodeTiled, NULL if not found */
+    int paged_core;             /* tests and benches: 0 picks the prefill core by device, 80 or
+                                   90 forces the sm80 / sm90 one (90 where it can run) */
+    int sm90_off;               /* tests and benches: ATTND_SM90_NO_* features of the sm90 core
+                                   turned off (0, the default: all on) */
     struct attnd_fence *fences; /* released fences, for reuse (device.cu) */
 } attnd_cuda;
 

@@ -1,12 +1,12 @@
 // Device helpers of the merge / varlen / block-sparse / linear kernels that the shared headers
-// (attn_math.cuh: conversions, runtime-dtype loads/stores, softmax and LSE-merge math;
-// tile_sm80.cuh: cp.async, ldmatrix, mma.sync, swizzle for 128-byte rows) do not have:
+// (prims/math.cuh: conversions, runtime-dtype loads/stores, softmax and LSE-merge math;
+// prims/sm80.cuh: cp.async, ldmatrix, mma.sync, swizzle for 128-byte rows) do not have:
 // the mma operand type by flag, unpacking, pair stores, 64-byte-row swizzle, fp8x8 -> f16x8.
 #ifndef ATTND_CUDA_OPS_KERNEL_CUH
 #define ATTND_CUDA_OPS_KERNEL_CUH
 
-#include "attn_math.cuh"
-#include "tile_sm80.cuh"
+#include "prims/math.cuh"
+#include "prims/sm80.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "attnd CUDA kernels need sm_80 or newer"
@@ -83,7 +83,7 @@ static __device__ __forceinline__ void attnd_st_shared32(uint32_t addr, uint32_t
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// Byte offset of 16-byte chunk c of row r in a tile of W chunks per row: tile_sm80.cuh's swizzle
+// Byte offset of 16-byte chunk c of row r in a tile of W chunks per row: prims/sm80.cuh's swizzle
 // (chunk ^ r % 8) for rows of 128 bytes or more, and chunk ^ (r / 2) % 4 for 64-byte rows (two
 // rows share a 128-byte bank line), so the eight rows one ldmatrix reads never share banks.
 template <int W> static __device__ __forceinline__ uint32_t attnd_swz_w(int r, int c)

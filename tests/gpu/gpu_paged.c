@@ -6,16 +6,19 @@
  * before each run, so an unwritten element fails; NaN never passes. The float64 reference of
  * tests/support checks the cpu backend on the same inputs where the case is small enough.
  *
- *   gpu_paged [--reduced] [--seed N] [--verbose]
+ *   gpu_paged [--reduced] [--seed N] [--verbose] [--core 80|90] [--sm90-off MASK]
  *
- * --reduced runs a handful of small cases (for compute-sanitizer). Prints one summary line
- * "gpu_paged: N passed, M failed" and exits non-zero on any failure. */
+ * --reduced runs a handful of small cases (for compute-sanitizer); --core forces the 2D prefill
+ * core (default: the device's pick, the sm90 one on an H100 for 16-bit caches); --sm90-off turns
+ * features of the sm90 core off (ATTND_SM90_NO_*: 1 ping-pong, 2 L2 sections, 4 Q prefetch). Prints
+ * one summary line "gpu_paged: N passed, M failed" and exits non-zero on any failure. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "../../kernels/cuda/cuda_backend.h"
 #include "attnd/kernels.h"
 #include "ref_paged.h"
 #include "testutil.h"
@@ -660,6 +663,23 @@ static void full_grid(attnd_rng *rng)
         run_paged_case(&c, rng);
     }
 
+    /* 6. more prefill tiles than SMs (the sm90 core's persistent CTAs take several each), uneven
+     * sequences, 16-bit caches */
+    for (int ci = 0; ci < 2; ci++, k++) {
+        base_case(&c);
+        c.hq = 16;
+        c.hk = 2;
+        c.cache_dt = kCache[ci];
+        c.bs = bss[ci + 1];
+        c.window = ci ? 700 : 0;
+        c.softcap = ci ? 0.0f : 20.0f;
+        c.segments = 1;
+        static const int q[4] = {1024, 700, 1, 900}, x[4] = {512, 0, 333, 1234};
+        set_seqs(&c, 4, q, x);
+        name_case(&c, "big");
+        run_paged_case(&c, rng);
+    }
+
     /* cache write: every source x cache dtype, block sizes, odd head sizes, i32 and i64 slots */
     for (int si = 0; si < 3; si++)
         for (int ci = 0; ci < 3; ci++) {
@@ -671,7 +691,7 @@ static void full_grid(attnd_rng *rng)
 
 int main(int argc, char **argv)
 {
-    int reduced = 0;
+    int reduced = 0, core = 0, off = 0;
     uint64_t seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reduced") == 0)
@@ -680,8 +700,15 @@ int main(int argc, char **argv)
             g_verbose = 1;
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--core") == 0 && i + 1 < argc)
+            core = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--sm90-off") == 0 && i + 1 < argc)
+            off = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reduced] [--seed N] [--verbose]\n", argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--reduced] [--seed N] [--verbose] [--core 80|90] [--sm90-off MASK]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -696,7 +723,11 @@ int main(int argc, char **argv)
         attnd_backend_close(g_cpu);
         return 1;
     }
-    printf("gpu_paged: seed %llu%s\n", (unsigned long long)seed, reduced ? " (reduced grid)" : "");
+    attnd_cuda_of(g_cuda)->paged_core = core;
+    attnd_cuda_of(g_cuda)->sm90_off = off;
+    printf("gpu_paged: seed %llu%s, prefill core %s, cc %d%s\n", (unsigned long long)seed,
+           reduced ? " (reduced grid)" : "", core ? (core == 80 ? "sm80" : "sm90") : "auto",
+           attnd_cuda_of(g_cuda)->cc, off ? ", sm90 features off" : "");
     attnd_rng rng;
     attnd_rng_seed(&rng, seed);
     if (reduced)

@@ -1,25 +1,28 @@
 // Segment reduce of the 3D (split-KV) paged attention: merges the per-segment partials that
-// attnd_paged_kernel wrote in partial mode (normalised outputs with their log2-domain max and
+// the sm80 core wrote in partial mode (normalised outputs with their log2-domain max and
 // exp-sum) into the final output and LSE.
-#ifndef ATTND_CUDA_PAGED_REDUCE_KERNEL_CUH
-#define ATTND_CUDA_PAGED_REDUCE_KERNEL_CUH
+#ifndef ATTND_CUDA_PAGED_REDUCE_CUH
+#define ATTND_CUDA_PAGED_REDUCE_CUH
 
-#include "paged_kernel.cuh"
+#include "paged/args.h"
+#include "prims/math.cuh"
+#include "prims/sm90.cuh"
 
 // One CTA of 8 warps per (token, q head) merges num_segments partials (normalised outputs with
 // their log2-domain max m and exp-sum l; weight l * exp2(m - M)). Warp w folds segments w, w + 8,
 // ... into its own running max / sum / sum of weighted rows (lane d4: float4 d4 and d4 + 32 of a
 // row), so every load is issued up front in one round trip; warp 0 merges the 8 states.
 // Launched as a programmatic dependent of the segment kernel: waits for it before reading.
-__global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_paged_args p)
+__global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_paged_kargs a)
 {
     __shared__ float red_m[8], red_l[8];
     __shared__ float4 red_acc[8][64];
     attnd_pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t item = blockIdx.x; // token * num_q_heads + head
-    const int tok = (int)(item / p.num_q_heads), head = (int)(item % p.num_q_heads);
-    const int S = p.num_segments, D = p.head_size;
+    const int hq = (int)a.p.q.shape[1];
+    const int tok = (int)(item / hq), head = (int)(item % hq);
+    const int S = a.num_segments, D = (int)a.p.q.shape[2];
     const int64_t R0 = item * S;
 
     float Mw = attnd_neg_inf(), Lw = 0.0f;
@@ -27,8 +30,8 @@ __global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_pag
     acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
     for (int s = warp; s < S; s += 8) {
-        const float m = p.ws_m[R0 + s], l = p.ws_l[R0 + s];
-        const float *src = p.ws_o + (R0 + s) * D;
+        const float m = a.ws_m[R0 + s], l = a.ws_l[R0 + s];
+        const float *src = a.ws_o + (R0 + s) * D;
         float4 x[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -86,12 +89,15 @@ __global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_pag
 #pragma unroll
             for (int k = 0; k < 4; k++)
                 v[k] *= inv;
-            attnd_stN<4>(p.out, p.out_dt, (int64_t)tok * p.o_s0 + (int64_t)head * p.o_s1 + d,
-                         p.out_vec != 0, v);
+            attnd_stN<4>(a.p.out.data, a.p.out.dtype,
+                         (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + d,
+                         a.out_vec != 0, v);
         }
     }
-    if (p.lse && lane == 0)
-        p.lse[(int64_t)head * p.lse_s0 + (int64_t)tok * p.lse_s1] = attnd_softmax_lse(M, W);
+    if (a.p.out_lse.data && lane == 0)
+        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
+                                    (int64_t)tok * a.p.out_lse.strides[1]] =
+            attnd_softmax_lse(M, W);
 }
 
 #endif

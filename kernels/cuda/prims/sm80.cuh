@@ -5,8 +5,8 @@
 //                          a6a7 = A[g+8][2t+8..]
 //   B (16x8, "col"):       b0b1 = B[2t..][g], b2b3 = B[2t+8..][g]
 //   C (16x8, f32):         c0c1 = C[g][2t..], c2c3 = C[g+8][2t..]
-#ifndef ATTND_CUDA_TILE_SM80_CUH
-#define ATTND_CUDA_TILE_SM80_CUH
+#ifndef ATTND_CUDA_PRIMS_SM80_CUH
+#define ATTND_CUDA_PRIMS_SM80_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

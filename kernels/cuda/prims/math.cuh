@@ -2,8 +2,8 @@
 // runtime-dtype loads and stores, the online softmax in the log2 domain, LSE merging with the
 // DESIGN.md conventions (+inf reads as -inf, all -inf gives zeros), quad/warp reductions and an
 // accurate tanh for softcap. Header-only, C-like; include from *_kernel.cuh files.
-#ifndef ATTND_CUDA_ATTN_MATH_CUH
-#define ATTND_CUDA_ATTN_MATH_CUH
+#ifndef ATTND_CUDA_PRIMS_MATH_CUH
+#define ATTND_CUDA_PRIMS_MATH_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -91,6 +91,14 @@ template <> struct attnd_tc<__nv_bfloat16> {
     {
         return a;
     }
+};
+
+// A if C else B (a compile-time type choice, e.g. the compute type of a cache dtype).
+template <bool C, typename A, typename B> struct attnd_select {
+    typedef A type;
+};
+template <typename A, typename B> struct attnd_select<false, A, B> {
+    typedef B type;
 };
 
 // ------------------------------------------------------------------ runtime-dtype loads / stores
@@ -272,12 +280,6 @@ __device__ __forceinline__ float attnd_warp_sum(float x)
 __device__ __forceinline__ float attnd_softmax_safe_max(float m)
 {
     return m == attnd_neg_inf() ? 0.0f : m;
-}
-
-// Factor rescaling state kept under m_old to m_new (both may be -inf).
-__device__ __forceinline__ float attnd_softmax_rescale(float m_old, float m_new)
-{
-    return attnd_exp2(m_old - attnd_softmax_safe_max(m_new));
 }
 
 // Natural-log LSE of a finished row (m log2 domain, l its sum); -inf when nothing was visible.

@@ -1,0 +1,41 @@
+// Epilogue of the paged-attention cores: a warp's rows stored straight from accumulator
+// fragments. mma.sync's m16n8 C fragment and wgmma's per-warp slice of an m64nN accumulator have
+// the same layout (lane = 4 g + t holds rows g and g + 8, columns 8 n + 2 t and 8 n + 2 t + 1
+// of chunk n), so both cores share this store.
+#ifndef ATTND_CUDA_PAGED_EPILOGUE_CUH
+#define ATTND_CUDA_PAGED_EPILOGUE_CUH
+
+#include "paged/rows.cuh"
+
+// Rows idx0 and idx0 + 8 of a sequence's packed rows (this lane's pair), from fragment values
+// o(n, e) over NB chunks of 8 columns: normalised by out_scale / l (l summed over the quad here),
+// written to out, and their LSE to out_lse when asked. m: the rows' log2-domain maxima.
+template <int NB, class F>
+__device__ __forceinline__ void attnd_paged_store_rows(const attnd_paged_kargs &a, F o,
+                                                       const float m[2], const float l[2], int idx0,
+                                                       int rows_total, int q_start, int kvh, int t4)
+{
+    const int ot = a.p.out.dtype, g = a.group, d_act = (int)a.p.q.shape[2];
+    const bool vec = a.out_vec != 0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float L = attnd_quad_sum(l[r]);
+        const int idx = idx0 + 8 * r;
+        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
+        if (idx >= rows_total) continue;
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        const int64_t e0 =
+            (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+            if (n * 8 < d_act)
+                attnd_st2(a.p.out.data, ot, e0 + 8 * n, vec, o(n, 2 * r) * inv,
+                          o(n, 2 * r + 1) * inv);
+        if (a.p.out_lse.data && t4 == 0)
+            ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
+                                        (int64_t)tok * a.p.out_lse.strides[1]] =
+                attnd_softmax_lse(m[r], L);
+    }
+}
+
+#endif

@@ -1,0 +1,256 @@
+// Paged attention entry points of the cuda backend: check what the kernels additionally need
+// (unit innermost strides, 16-byte rows), derive the kernel arguments from the caller's
+// attnd_paged_params, pick a core and launch it on the backend's stream.
+//
+// Cores: the 3D op always uses the sm80 decode tiles (16 packed rows, warps split the tokens),
+// one CTA per (q-block, kv head, segment), then the reduce when num_segments > 1. The 2D op uses
+// the decode tiles with one segment when every sequence's packed rows (query_len * group) fit
+// in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90 device when this build
+// has sm_90a code, the cache is 16-bit and the driver encodes the caches' tensor maps, else the
+// sm80 prefill core (128 packed rows; 64 above head size 128).
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "paged/launch.h"
+#include "paged/reduce.cuh"
+#include "validate.h"
+
+static int aligned(const void *ptr, int64_t bytes)
+{
+    return ((uintptr_t)ptr % (uintptr_t)bytes) == 0;
+}
+
+static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p, attnd_paged_kargs *a,
+                               int *kv)
+{
+    const attnd_tensor *q = &p->q, *k = &p->k_cache, *v = &p->v_cache, *o = &p->out;
+    memset(a, 0, sizeof *a);
+    if (q->strides[2] != 1 || o->strides[2] != 1 || k->strides[3] != 1 || v->strides[3] != 1)
+        return attnd_fail(b, "cuda paged attention: q, out, k_cache and v_cache need a unit "
+                             "innermost stride");
+    const int64_t bs = k->shape[1];
+    if (bs != 16 && bs != 32 && bs != 64)
+        return attnd_fail(b, "k_cache: block size %lld not 16, 32 or 64", (long long)bs);
+    if (k->dtype != v->dtype) return attnd_fail(b, "v_cache: dtype differs from k_cache");
+    if (p->block_tables.dtype != ATTND_DTYPE_I32 || p->seq_lens.dtype != ATTND_DTYPE_I32 ||
+        p->query_start_loc.dtype != ATTND_DTYPE_I32)
+        return attnd_fail(b, "cuda paged attention: block_tables, seq_lens and query_start_loc "
+                             "must be i32");
+    if (p->alibi_slopes.data && p->alibi_slopes.dtype != ATTND_DTYPE_F32)
+        return attnd_fail(b, "alibi_slopes: must be f32");
+    if (p->out_lse.data && p->out_lse.dtype != ATTND_DTYPE_F32)
+        return attnd_fail(b, "out_lse: must be f32");
+
+    const int64_t D = q->shape[2];
+    const int fp8 = k->dtype == ATTND_DTYPE_FP8_E4M3;
+    // the kernels address within a page row in 32 bits (page * stride is 64-bit)
+    for (int i = 0; i < 2; i++) {
+        const attnd_tensor *t = i ? v : k;
+        const int64_t es = fp8 ? 1 : 2;
+        if (t->strides[0] * es > INT32_MAX ||
+            (t->strides[1] * 64 + t->strides[2] * t->shape[2] + D) * es > INT32_MAX)
+            return attnd_fail(b, "%s: strides too large for the cuda backend (2^31 elements)",
+                              i ? "v_cache" : "k_cache");
+    }
+    if (p->block_tables.strides[1] * p->block_tables.shape[1] > INT32_MAX)
+        return attnd_fail(b, "block_tables: row longer than 2^31 elements");
+    *kv = fp8 ? ATTND_KV_FP8 : (k->dtype == ATTND_DTYPE_BF16 ? ATTND_KV_BF16 : ATTND_KV_F16);
+    // cp.async copies 16-byte chunks (8 elements; fp8: 16, or two 8-byte halves)
+    const int64_t es = fp8 ? 1 : 2;
+    int vec16 = 1;
+    const attnd_tensor *cs[2] = {k, v};
+    for (int i = 0; i < 2; i++) {
+        const attnd_tensor *t = cs[i];
+        int ok8 = aligned(t->data, 8) && (t->strides[0] * es) % 8 == 0 &&
+                  (t->strides[1] * es) % 8 == 0 && (t->strides[2] * es) % 8 == 0;
+        int ok16 = aligned(t->data, 16) && (t->strides[0] * es) % 16 == 0 &&
+                   (t->strides[1] * es) % 16 == 0 && (t->strides[2] * es) % 16 == 0 &&
+                   (D * es) % 16 == 0;
+        if (fp8 ? !ok8 : !ok16)
+            return attnd_fail(b,
+                              "%s: rows must start on %d-byte boundaries for the cuda "
+                              "backend (base and strides)",
+                              i ? "v_cache" : "k_cache", fp8 ? 8 : 16);
+        vec16 = vec16 && ok16;
+    }
+
+    a->p = *p;
+    {
+        int64_t qe = (int64_t)attnd_dtype_size(q->dtype);
+        a->q_vec = aligned(q->data, 16) && (q->strides[0] * qe) % 16 == 0 &&
+                   (q->strides[1] * qe) % 16 == 0;
+        int64_t vb = (int64_t)attnd_dtype_size(o->dtype) * 4; /* bytes of a 4-element store */
+        a->out_vec = aligned(o->data, vb) && o->strides[0] % 4 == 0 && o->strides[1] % 4 == 0;
+    }
+    const int64_t nb = k->shape[0] < v->shape[0] ? k->shape[0] : v->shape[0];
+    a->nblocks32 = (int32_t)(nb < INT32_MAX ? nb : INT32_MAX);
+    a->qk_scale = p->scale * (fp8 ? p->k_scale : 1.0f);
+    a->qk_scale_log2 = a->qk_scale * 1.4426950408889634f;
+    a->out_scale = fp8 ? p->v_scale : 1.0f;
+    a->plain = p->softcap == 0.0f && p->alibi_slopes.data == NULL && a->qk_scale > 0.0f;
+    a->group = (int32_t)(q->shape[1] / k->shape[2]);
+    a->bs_log2 = bs == 16 ? 4 : (bs == 32 ? 5 : 6);
+    a->kv_vec16 = vec16;
+    a->kv_same = k->strides[0] == v->strides[0] && k->strides[1] == v->strides[1] &&
+                 k->strides[2] == v->strides[2];
+    a->num_segments = 1;
+    return ATTND_ERR_OK;
+}
+
+typedef cudaError_t (*paged_fn)(attnd_paged_kargs, const attnd_paged_launch &);
+#define ATTND_PAGED_ROW(CORE, D)                                                                   \
+    {                                                                                              \
+        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>,         \
+            &attnd_paged_run<CORE, D, ATTND_KV_FP8>                                                \
+    }
+#define ATTND_PAGED_ROW16(CORE, D)                                                                 \
+    {                                                                                              \
+        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>, NULL    \
+    }
+
+// [core][head 64 / 128 / 256][cache f16 / bf16 / fp8]; NULL: not built.
+static const paged_fn kPagedRun[3][3][3] = {
+    {ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 128),
+     ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 256)},
+    {ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 128),
+     ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 256)},
+    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 64),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 128),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 256)},
+};
+
+static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_paged_kargs &a,
+                             const attnd_paged_launch &l)
+{
+    const int d = head_size <= 64 ? 0 : (head_size <= 128 ? 1 : 2);
+    paged_fn f = kPagedRun[core][d][kv];
+    return f ? f(a, l) : cudaErrorInvalidConfiguration;
+}
+
+static void launch_init(attnd_paged_launch *l, const attnd_cuda *c, const attnd_paged_params *p)
+{
+    memset(l, 0, sizeof *l);
+    l->stream = c->stream;
+    l->device = c->device;
+    l->num_sms = c->num_sms;
+    l->max_smem = c->max_smem_optin;
+    l->num_tokens = p->q.shape[0];
+    l->max_query_len = p->max_query_len;
+    l->sm90_off = c->sm90_off;
+    l->l2_bytes = c->l2_bytes;
+    l->max_seq_len = p->max_seq_len;
+}
+
+// A 16-bit cache as the sm90 core's TMA sees it: dims (head, kv head, row in block, block) with
+// byte strides, boxes of 64 columns x one page, 128-byte swizzle, out-of-bounds boxes as zeros.
+static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
+{
+    typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    if (c->encode_tmap == NULL) return 0;
+    const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2],
+                                (cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]};
+    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * 2, (cuuint64_t)t->strides[1] * 2,
+                                   (cuuint64_t)t->strides[0] * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)t->shape[1], 1}, unit[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType dt = t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return ((encode_fn)c->encode_tmap)(m, dt, 4, t->data, dims, strides, box, unit,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The sm90 core can take this call: device, build, cache type, override, tensor maps.
+static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, int kv, CUtensorMap *tk,
+                       CUtensorMap *tv)
+{
+#ifdef ATTND_CUDA_SM90A
+    if (c->cc != 90 || kv == ATTND_KV_FP8 || c->paged_core == 80) return 0;
+    return encode_cache_map(c, &p->k_cache, tk) && encode_cache_map(c, &p->v_cache, tv);
+#else
+    (void)c, (void)p, (void)kv, (void)tk, (void)tv;
+    return 0;
+#endif
+}
+
+// The reduce merges a.num_segments partials per (token, q head); on sm_90 as a programmatic
+// dependent launch of the segment kernel.
+static cudaError_t paged_reduce(const attnd_paged_kargs &a, const attnd_cuda *c)
+{
+    const int64_t items = a.p.q.shape[0] * a.p.q.shape[1]; // one CTA each
+    if (items > INT_MAX) return cudaErrorInvalidConfiguration;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)items);
+    cfg.blockDim = dim3(256);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->cc >= 90 ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, attnd_paged_reduce_kernel, a);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+static attnd_err launch_status(attnd_backend *b, cudaError_t e, const char *what)
+{
+    if (e == cudaErrorInvalidConfiguration) {
+        snprintf(b->last_error, sizeof b->last_error,
+                 "%s: shapes exceed the launch limits of this device", what);
+        cudaGetLastError();
+        return ATTND_ERR_UNSUPPORTED;
+    }
+    return attnd_cuda_check(b, e, what);
+}
+
+extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_params *p)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_paged_kargs a;
+    int kv;
+    attnd_err rv = paged_prepare(b, p, &a, &kv);
+    if (rv != ATTND_ERR_OK) return rv;
+    if (p->q.shape[0] == 0 || p->seq_lens.shape[0] == 0) return ATTND_ERR_OK;
+    attnd_paged_launch l;
+    launch_init(&l, c, p);
+    CUtensorMap tk, tv;
+    int core = ATTND_CORE_SM80_PREFILL;
+    if ((int64_t)p->max_query_len * a.group <= 16)
+        core = ATTND_CORE_SM80_DECODE;
+    else if (sm90_usable(c, p, kv, &tk, &tv)) {
+        core = ATTND_CORE_SM90_PREFILL;
+        l.tk = &tk;
+        l.tv = &tv;
+    }
+    return launch_status(b, paged_run(core, p->q.shape[2], kv, a, l), "paged_attention_2d");
+}
+
+extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_params *p,
+                                         int32_t num_segments, void *workspace)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_paged_kargs a;
+    int kv;
+    attnd_err rv = paged_prepare(b, p, &a, &kv);
+    if (rv != ATTND_ERR_OK) return rv;
+    const int64_t T = p->q.shape[0];
+    if (T == 0 || p->seq_lens.shape[0] == 0) return ATTND_ERR_OK;
+    a.num_segments = num_segments;
+    if (num_segments > 1) {
+        if (!aligned(workspace, 16)) return attnd_fail(b, "workspace: must be 16-byte aligned");
+        const int64_t rows = T * p->q.shape[1] * num_segments;
+        a.ws_o = (float *)workspace;
+        a.ws_m = a.ws_o + rows * p->q.shape[2];
+        a.ws_l = a.ws_m + rows;
+    }
+    attnd_paged_launch l;
+    launch_init(&l, c, p);
+    cudaError_t e = paged_run(ATTND_CORE_SM80_DECODE, p->q.shape[2], kv, a, l);
+    if (e == cudaSuccess && num_segments > 1) e = paged_reduce(a, c);
+    return launch_status(b, e, "paged_attention_3d");
+}

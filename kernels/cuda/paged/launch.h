@@ -1,0 +1,44 @@
+// Launch side of paged attention. attnd_paged_run<CORE, D_PAD, KV> launches one core at one
+// padded head size and cache type; each (core, head, cache) is instantiated in its own
+// generated file (paged/generate.cmake, one per file so they compile in parallel), and
+// launch.cu picks one at run time by architecture and shape.
+#ifndef ATTND_CUDA_PAGED_LAUNCH_H
+#define ATTND_CUDA_PAGED_LAUNCH_H
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "paged/args.h"
+
+enum {
+    ATTND_CORE_SM80_PREFILL = 0, // mma.sync, 128 (64) packed rows, whole context, 2D only
+    ATTND_CORE_SM80_DECODE = 1,  // mma.sync, 16 packed rows, 4 warps over the tokens, 2D and 3D
+    ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
+};
+
+// Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
+enum {
+    ATTND_SM90_NO_PINGPONG = 1,  // consumers issue their GEMMs without taking turns
+    ATTND_SM90_NO_SECTIONS = 2,  // tiles ordered without regard to the L2
+    ATTND_SM90_NO_QPREFETCH = 4, // Q loaded when its tile starts, not during the previous one
+    ATTND_SM90_NO_DEEP_K = 8     // as many K stages as V stages
+};
+
+// What a launch needs besides the kernel arguments; the caller owns the stream.
+typedef struct attnd_paged_launch {
+    cudaStream_t stream;
+    int device, num_sms, max_smem; // max_smem: the device's opt-in shared-memory limit
+    int64_t num_tokens;
+    int max_query_len;
+    const CUtensorMap *tk, *tv; // sm90: tensor maps of k_cache and v_cache
+    int sm90_off;               // sm90: ATTND_SM90_NO_* features turned off (measurements)
+    int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
+    int max_seq_len;
+} attnd_paged_launch;
+
+// Launch the core on the launch's stream; cudaErrorInvalidConfiguration when the shapes exceed
+// the launch limits or the device's shared memory.
+template <int CORE, int D_PAD, int KV>
+cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l);
+
+#endif

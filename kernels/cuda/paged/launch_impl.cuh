@@ -1,0 +1,81 @@
+// The definition of attnd_paged_run, included by the generated instantiation files only.
+#ifndef ATTND_CUDA_PAGED_LAUNCH_IMPL_CUH
+#define ATTND_CUDA_PAGED_LAUNCH_IMPL_CUH
+
+#include <limits.h>
+
+#include "paged/launch.h"
+#include "paged/mainloop_sm80.cuh"
+#include "paged/mainloop_sm90.cuh"
+
+#define ATTND_CUDA_MAX_DEVICES 64
+
+// Raise the dynamic shared-memory limit of Tr's kernel to bytes, once per device (one flag set
+// per configuration: kernels of one signature share a function type, so key on Tr).
+template <class Tr, class K>
+static cudaError_t attnd_paged_smem_attr(K kernel, int bytes, int device)
+{
+    static int set[ATTND_CUDA_MAX_DEVICES]; // benign race: every writer sets the same value
+    if (device >= 0 && device < ATTND_CUDA_MAX_DEVICES && set[device]) return cudaSuccess;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess && device >= 0 && device < ATTND_CUDA_MAX_DEVICES) set[device] = 1;
+    return e;
+}
+
+// sm80 cores: one CTA per q-block (x), kv head (y) and segment (z).
+template <class Tr>
+static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_launch &l)
+{
+    if (Tr::SMEM_BYTES > l.max_smem) return cudaErrorInvalidConfiguration;
+    cudaError_t e = attnd_paged_smem_attr<Tr>(attnd_paged_kernel<Tr>, Tr::SMEM_BYTES, l.device);
+    if (e != cudaSuccess) return e;
+    const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
+    a.direct = (int64_t)l.max_query_len * a.group <= Tr::BLOCK_M;
+    const int64_t gx = a.direct ? S : l.num_tokens * a.group / Tr::BLOCK_M + S;
+    if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
+    attnd_paged_kernel<Tr><<<dim3((unsigned)gx, (unsigned)H, (unsigned)a.num_segments), Tr::THREADS,
+                             Tr::SMEM_BYTES, l.stream>>>(a);
+    return cudaGetLastError();
+}
+
+// sm90 core: persistent CTAs over the tile enumeration (mainloop_sm90.cuh).
+template <class Tr>
+static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_launch &l)
+{
+    if (Tr::SMEM_BYTES > l.max_smem || l.tk == NULL || l.tv == NULL)
+        return cudaErrorInvalidConfiguration;
+    cudaError_t e =
+        attnd_paged_smem_attr<Tr>(attnd_paged_sm90_kernel<Tr>, Tr::SMEM_BYTES, l.device);
+    if (e != cudaSuccess) return e;
+    const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
+    const int64_t rounds = ((int64_t)l.max_query_len * a.group + Tr::BLOCK_M - 1) / Tr::BLOCK_M;
+    const int64_t total = rounds * S * H;
+    if (total > INT_MAX / 2) return cudaErrorInvalidConfiguration;
+    if (total == 0) return cudaSuccess;
+    a.m_rounds = (int32_t)rounds;
+    // pairs whose K/V (16-bit, longest sequence) fit two thirds of the L2 run together
+    const int64_t pair_bytes = (int64_t)l.max_seq_len * a.p.q.shape[2] * 4;
+    int64_t z = pair_bytes > 0 ? l.l2_bytes * 2 / 3 / pair_bytes : S * H;
+    a.section = (int32_t)(z < 1 ? 1 : (z > S * H ? S * H : z));
+    if (l.sm90_off & ATTND_SM90_NO_SECTIONS) a.section = (int32_t)(S * H);
+    const int grid = (int)(total < l.num_sms ? total : l.num_sms);
+    attnd_paged_sm90_kernel<Tr>
+        <<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(a, *l.tk, *l.tv, (int)total, l.sm90_off);
+    return cudaGetLastError();
+}
+
+template <int CORE, int D_PAD, int KV>
+cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
+{
+    if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
+        if constexpr (D_PAD == 128)
+            if (l.sm90_off & ATTND_SM90_NO_DEEP_K)
+                return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, false>>(a, l);
+        return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV>>(a, l);
+    } else
+        return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, CORE == ATTND_CORE_SM80_DECODE>>(
+            a, l);
+}
+
+#endif

@@ -1,0 +1,758 @@
+// The sm80 core of paged attention (mma.sync; also the fallback on sm_90 for what the sm90 core
+// does not take): one kernel template with two tile configurations, prefill and decode. Rows are
+// packed as paged/rows.cuh says; a CTA owns BLOCK_M packed rows of one sequence and one kv head
+// (and, for 3D, one segment of the context).
+//
+// Warps. Prefill: 4 warps split 128 rows (32 each: two m16 tiles share every K/V fragment; head
+// sizes above 128: 64 rows, 16 each), share each K/V tile, and store their rows from registers.
+// Decode: BLOCK_M = 16 rows, 4 warps split each K/V tile's tokens (16 each), keep their own
+// softmax state, and are merged through shared memory at the end. Head sizes are padded to 64,
+// 128 or 256: the padding is zero-filled (no memory traffic) and computed as zeros.
+//
+// Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
+// with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
+// of the next stage are fetched one stage ahead. fp8 tiles are converted to f16 in shared memory
+// (exactly: every e4m3 value is an f16) with k_scale folded into the logit scale and v_scale
+// into the output. S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; the
+// softmax is online in the log2 domain (exp2), masks are evaluated only on tiles that need them,
+// and tiles a warp cannot see are skipped.
+#ifndef ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
+#define ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
+
+#include <stdint.h>
+
+#include "paged/epilogue.cuh"
+#include "prims/sm80.cuh"
+#include "prims/sm90.cuh"
+
+// ------------------------------------------------------------------ tile configuration
+
+// Prefill: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment; 16 rows at head
+// sizes above 128), 2 CTAs per SM. Decode: 16 rows, 4 warps over the tokens.
+template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
+    static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
+    static constexpr int KV = KV_;
+    static constexpr bool DECODE = DECODE_;
+    static constexpr bool FP8 = KV == ATTND_KV_FP8;
+    // bf16 caches compute in bf16; f16 and fp8 caches in f16 (fp8 -> f16 is exact).
+    typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
+
+    static constexpr bool BIG = D_PAD >= 256;
+    static constexpr int MT = DECODE || BIG ? 1 : 2; // m16 tiles per warp
+    static constexpr int WARPS_M = DECODE ? 1 : 4;
+    static constexpr int WARPS_N = DECODE ? 4 : 1;
+    static constexpr int WARPS = WARPS_M * WARPS_N;
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int WROWS = 16 * MT; // rows per warp
+    static constexpr int BLOCK_M = WROWS * WARPS_M;
+    static constexpr int BLOCK_N = DECODE ? 64 : (BIG ? 16 : 64);
+    static constexpr int NW = BLOCK_N / WARPS_N; // tokens a warp handles per tile
+    // ... in steps of SUB (one QK^T / softmax / PV round; two m-tiles keep S at 32 tokens)
+    static constexpr int SUB = MT == 2 ? 32 : NW;
+    static constexpr bool Q_IN_REGS = MT == 1 && D_PAD <= 128;
+    static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
+
+    static constexpr int KV_BYTES = FP8 ? 1 : 2;
+    static constexpr int ROW_RAW = D_PAD * KV_BYTES; // bytes of a K/V row as loaded
+    static constexpr int ROW16 = D_PAD * 2;          // bytes of a 16-bit row
+    static constexpr int CPR = ROW_RAW / 16;         // 16-byte chunks per loaded row
+    static constexpr int TILE_RAW = BLOCK_N * ROW_RAW;
+    static constexpr int ROWS_PER_PASS = THREADS / CPR;
+    static constexpr int LOAD_ITERS = BLOCK_N / ROWS_PER_PASS;
+    // fp8 tiles are converted to f16 copies (decode: each warp its own tokens)
+    static constexpr int CONV_BYTES = FP8 ? 2 * BLOCK_N * ROW16 : 0;
+    static constexpr int Q_BYTES = BLOCK_M * ROW16;
+    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each)
+    static constexpr int NSTAGES_FIT = (113 * 1024 - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
+    static constexpr int NSTAGES =
+        DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
+    static constexpr int PIPE_OFF = Q_BYTES;
+    static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
+    static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
+    static constexpr int MAIN_BYTES = CONV_OFF + CONV_BYTES;
+    static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
+    static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
+    static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+
+    static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
+    static_assert(WARPS_M == 1 || WARPS_N == 1, "warps split rows or tokens, not both");
+    static_assert(NW % 16 == 0 && SUB % 16 == 0 && NW % SUB == 0, "whole k16 steps");
+    static_assert(!(FP8 && WARPS_N > 1) || SUB == NW, "per-warp fp8 conversion covers SUB");
+    static_assert(THREADS % CPR == 0 && BLOCK_N % ROWS_PER_PASS == 0, "load slots tile exactly");
+    static_assert(ROW16 % 128 == 0, "swizzle needs rows of >= 8 chunks");
+    static_assert(NSTAGES >= 2, "pipeline depth");
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
+};
+
+// fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (rows of ROW_RAW bytes) -> f16 rows
+// (swizzled, ROW16 bytes) of dk and dv, by NTHREADS threads (this one is i0). Up to MAXB 16-byte
+// chunks per batch are loaded before any is converted, so their shared-memory latencies overlap
+// (decode: 8). MAXB 0: one chunk at a time in a rolled loop (prefill, whose two m-tiles of O
+// accumulators leave no registers for more).
+template <class Tr, int NROWS, int NTHREADS, int MAXB>
+__device__ __forceinline__ void attnd_fp8_tiles_to_f16(const unsigned char *rk,
+                                                       const unsigned char *rv, unsigned char *dk,
+                                                       unsigned char *dv, int r0, int i0)
+{
+    constexpr int CPR = Tr::CPR, PER = NROWS * CPR; // chunks per matrix
+    if (MAXB == 0) {
+#pragma unroll 1
+        for (int c = i0; c < 2 * PER; c += NTHREADS) {
+            const int which = c >= PER, cc = which ? c - PER : c;
+            const int r = r0 + cc / CPR, ch = cc % CPR;
+            const uint4 w4 = *(const uint4 *)((which ? rv : rk) + r * Tr::ROW_RAW + ch * 16);
+            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+            uint32_t h[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+            }
+            unsigned char *d = which ? dv : dk;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
+                make_uint4(h[4], h[5], h[6], h[7]);
+        }
+        return;
+    }
+    constexpr int ITER = 2 * PER / NTHREADS, BATCH = MAXB < 1 ? 1 : (ITER < MAXB ? ITER : MAXB);
+    static_assert(ITER * NTHREADS == 2 * PER && ITER % BATCH == 0, "conversion slots tile exactly");
+#pragma unroll
+    for (int b0 = 0; b0 < ITER; b0 += BATCH) {
+        uint4 w4[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
+            w4[b] = *(const uint4 *)((which ? rv : rk) + (r0 + cc / CPR) * Tr::ROW_RAW +
+                                     (cc % CPR) * 16);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
+            const int r = r0 + cc / CPR, ch = cc % CPR;
+            const uint32_t w[4] = {w4[b].x, w4[b].y, w4[b].z, w4[b].w};
+            uint32_t h[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+            }
+            unsigned char *d = which ? dv : dk;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
+                make_uint4(h[4], h[5], h[6], h[7]);
+        }
+    }
+}
+
+// The K/V tile loader: each thread copies 16-byte chunk `chunk` of rows row0 + i * ROWS_PER_PASS
+// of a tile (K and V) from their cache pages into a pipeline stage.
+template <class Tr> struct attnd_kv_loader {
+    const unsigned char *kbase, *vbase;
+    int32_t ks0, ks1, kcoff, vs0, vs1, vcoff; // byte strides / offsets
+    uint32_t spipe, sdst;                     // stage 0's K tile; + this thread's first slot
+    int row0, chunk, bs_mask, nbytes_ok;
+    bool vec16;
+
+    __device__ __forceinline__ void init(const attnd_paged_kargs &a, int tid, int kvh,
+                                         uint32_t spipe)
+    {
+        chunk = tid % Tr::CPR;
+        row0 = tid / Tr::CPR;
+        this->spipe = spipe;
+        const int elems = Tr::FP8 ? 16 : 8, e0 = chunk * elems;
+        const attnd_tensor &k = a.p.k_cache, &v = a.p.v_cache;
+        nbytes_ok = min(max((int)a.p.q.shape[2] - e0, 0), elems) * Tr::KV_BYTES;
+        kbase = (const unsigned char *)k.data;
+        vbase = (const unsigned char *)v.data;
+        ks0 = (int32_t)k.strides[0] * Tr::KV_BYTES;
+        ks1 = (int32_t)k.strides[1] * Tr::KV_BYTES;
+        kcoff = (kvh * (int32_t)k.strides[2] + e0) * Tr::KV_BYTES;
+        vs0 = (int32_t)v.strides[0] * Tr::KV_BYTES;
+        vs1 = (int32_t)v.strides[1] * Tr::KV_BYTES;
+        vcoff = (kvh * (int32_t)v.strides[2] + e0) * Tr::KV_BYTES;
+        bs_mask = (1 << a.bs_log2) - 1;
+        vec16 = !Tr::FP8 || a.kv_vec16;
+        sdst = spipe + (Tr::FP8 ? (uint32_t)(row0 * Tr::ROW_RAW + chunk * 16)
+                                : attnd_swz(row0, chunk, Tr::ROW_RAW));
+    }
+
+    // Copy the tile of tokens t0.. into stage buffer buf; pages[i] < 0: zero-fill (past the range).
+    template <bool SAME_STRIDES>
+    __device__ __forceinline__ void issue(int t0, int buf, const int *pages) const
+    {
+        const uint32_t dk = sdst + buf * 2 * Tr::TILE_RAW;
+#pragma unroll
+        for (int i = 0; i < Tr::LOAD_ITERS; i++) {
+            const int r = row0 + i * Tr::ROWS_PER_PASS;
+            const int row = (t0 + r) & bs_mask;
+            const bool ok = pages[i] >= 0;
+            const int pgid = ok ? pages[i] : 0; // not read when !ok (0 bytes), a valid address
+            const int64_t koff = attnd_mul_wide(pgid, ks0) + (row * ks1 + kcoff);
+            const int64_t voff = SAME_STRIDES ? koff + (vcoff - kcoff)
+                                              : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
+            const unsigned char *ks = kbase + koff, *vs = vbase + voff;
+            const int nbytes = ok ? nbytes_ok : 0;
+            // rows 8 apart share the swizzle key: a constant offset from the first slot
+            const uint32_t sk =
+                Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
+                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
+            const uint32_t sv = sk + Tr::TILE_RAW;
+            if (vec16) {
+                attnd_cp_async16(sk, ks, nbytes);
+                attnd_cp_async16(sv, vs, nbytes);
+            } else {
+                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
+                attnd_cp_async8(sk, ks, n0);
+                attnd_cp_async8(sk + 8, n1 ? ks + 8 : ks, n1);
+                attnd_cp_async8(sv, vs, n0);
+                attnd_cp_async8(sv + 8, n1 ? vs + 8 : vs, n1);
+            }
+        }
+    }
+};
+
+// The Q rows row0.. of a CTA -> shared memory at sq (compute type, swizzled), zero outside the
+// rows and the head size.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_load_q(const attnd_paged_kargs &a, unsigned char *sq,
+                                                  int row0, int rows_total, int q_start, int kvh,
+                                                  int tid)
+{
+    typedef typename Tr::TC TC;
+    const attnd_paged_params &p = a.p;
+    const int g = a.group;
+    constexpr int QCPR = Tr::D_PAD / 8;
+#pragma unroll
+    for (int c = tid; c < Tr::BLOCK_M * QCPR; c += Tr::THREADS) {
+        const int r = c / QCPR, ch = c % QCPR;
+        const int idx = row0 + r;
+        float f[8];
+        if (idx < rows_total && ch * 8 < (int)p.q.shape[2]) {
+            const int tok = q_start + idx / g, head = kvh * g + idx % g;
+            const int64_t e =
+                (int64_t)tok * p.q.strides[0] + (int64_t)head * p.q.strides[1] + ch * 8;
+            attnd_ld8(p.q.data, p.q.dtype, e, a.q_vec != 0, f);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                f[k] = 0.0f;
+        }
+        uint4 w;
+        w.x = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[0]), attnd_tc<TC>::clamp(f[1]));
+        w.y = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2]), attnd_tc<TC>::clamp(f[3]));
+        w.z = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[4]), attnd_tc<TC>::clamp(f[5]));
+        w.w = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[6]), attnd_tc<TC>::clamp(f[7]));
+        *(uint4 *)(sq + attnd_swz(r, ch, Tr::ROW16)) = w;
+    }
+}
+
+// Scores s of keys t0.. (SUB per m-tile) -> logits in the log2 domain, masked where need_mask;
+// returns the factor that still multiplies s on the way into exp2 (the scale on the fast path).
+template <class Tr>
+__device__ __forceinline__ float
+attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4],
+                  const int (&pos)[Tr::MT][2], const float (&slope2)[Tr::MT][2], int t0, int hi,
+                  int t4, bool need_mask)
+{
+    const int sw = a.p.sliding_window;
+    const float cap = a.p.softcap;
+    if (!a.plain) {
+        const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Tr::SUB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, ps = pos[mt][r];
+                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                    float x = s[mt][n][e] * a.qk_scale;
+                    if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
+                    x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
+                    if (need_mask && !attnd_paged_visible(t, ps, hi, sw)) x = attnd_neg_inf();
+                    s[mt][n][e] = x;
+                }
+        return 1.0f;
+    }
+    if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Tr::SUB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                    if (!attnd_paged_visible(t, pos[mt][e >> 1], hi, sw))
+                        s[mt][n][e] = attnd_neg_inf();
+                }
+    }
+    return a.qk_scale_log2;
+}
+
+// Online softmax of logits s (times c) into probabilities; the rows' maxima m and sums l
+// updated, O rescaled (skipped when no row max of the warp moved).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::SUB / 8][4], float c,
+                                                   float (&m_r)[Tr::MT][2], float (&l_r)[Tr::MT][2],
+                                                   float (&o)[Tr::MT][Tr::D_PAD / 8][4])
+{
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++) {
+        float mx[2] = {attnd_neg_inf(), attnd_neg_inf()};
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+        }
+        float ms[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float m_new = fmaxf(m_r[mt][r], attnd_quad_max(mx[r]) * c);
+            ms[r] = attnd_softmax_safe_max(m_new);
+            // a row with nothing visible yet has o = 0 and l = 0: 1 keeps it so and lets padded
+            // rows (decode) skip the rescale below
+            alpha[r] = m_r[mt][r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[mt][r] - ms[r]);
+            m_r[mt][r] = m_new;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++) {
+            s[mt][n][0] = attnd_exp2(fmaf(s[mt][n][0], c, -ms[0]));
+            s[mt][n][1] = attnd_exp2(fmaf(s[mt][n][1], c, -ms[0]));
+            s[mt][n][2] = attnd_exp2(fmaf(s[mt][n][2], c, -ms[1]));
+            s[mt][n][3] = attnd_exp2(fmaf(s[mt][n][3], c, -ms[1]));
+            rs[0] += s[mt][n][0] + s[mt][n][1];
+            rs[1] += s[mt][n][2] + s[mt][n][3];
+        }
+        l_r[mt][0] = l_r[mt][0] * alpha[0] + rs[0];
+        l_r[mt][1] = l_r[mt][1] * alpha[1] + rs[1];
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < Tr::D_PAD / 8; n++) {
+                o[mt][n][0] *= alpha[0];
+                o[mt][n][1] *= alpha[0];
+                o[mt][n][2] *= alpha[1];
+                o[mt][n][3] *= alpha[1];
+            }
+        }
+    }
+}
+
+// Epilogue through shared memory (warps that split the tokens, partial 3D outputs, unaligned
+// outputs): per-warp O, m, l -> smem, then per row the warps' states merged, normalised and
+// stored (final output and LSE, or the segment's partial).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
+                       const float (&o)[Tr::MT][Tr::D_PAD / 8][4], const float (&m_r)[Tr::MT][2],
+                       const float (&l_r)[Tr::MT][2], int wm, int wn, int row0, int rows_total,
+                       int q_start, int kvh, int seg, int tid)
+{
+    constexpr int BLOCK_M = Tr::BLOCK_M, D_PAD = Tr::D_PAD;
+    const attnd_paged_params &p = a.p;
+    const int lane = tid & 31, g8 = lane >> 2, t4 = lane & 3, g = a.group;
+    const bool partial = a.num_segments > 1;
+    const int d_act = (int)p.q.shape[2];
+    __syncthreads();
+    float *eo = (float *)smem;
+    float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++) {
+        const float lq0 = attnd_quad_sum(l_r[mt][0]), lq1 = attnd_quad_sum(l_r[mt][1]);
+        const int rbase = wn * BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
+#pragma unroll
+        for (int n = 0; n < D_PAD / 8; n++) {
+            const int col = n * 8 + 2 * t4;
+            *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
+            *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
+                make_float2(o[mt][n][2], o[mt][n][3]);
+        }
+        if (t4 == 0) {
+            eml[2 * rbase] = m_r[mt][0];
+            eml[2 * rbase + 1] = lq0;
+            eml[2 * (rbase + 8)] = m_r[mt][1];
+            eml[2 * (rbase + 8) + 1] = lq1;
+        }
+    }
+    __syncthreads();
+
+    constexpr int C4 = D_PAD / 4;
+#pragma unroll 1
+    for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
+        const int r = c / C4, c4 = c % C4;
+        const int idx = row0 + r;
+        if (idx >= rows_total || c4 * 4 >= d_act) continue;
+        float M = attnd_neg_inf();
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++)
+            M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
+        const float Ms = attnd_softmax_safe_max(M);
+        float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < Tr::WARPS_N; w++) {
+            const float wt = attnd_exp2(eml[2 * (w * BLOCK_M + r)] - Ms);
+            L += wt * eml[2 * (w * BLOCK_M + r) + 1];
+            float4 x = *(const float4 *)(eo + (w * BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
+            v[0] += wt * x.x;
+            v[1] += wt * x.y;
+            v[2] += wt * x.z;
+            v[3] += wt * x.w;
+        }
+        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] *= inv;
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        if (!partial) {
+            attnd_stN<4>(p.out.data, p.out.dtype,
+                         (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
+                             c4 * 4,
+                         a.out_vec != 0, v);
+            if (p.out_lse.data && c4 == 0)
+                ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
+                                          (int64_t)tok * p.out_lse.strides[1]] =
+                    attnd_softmax_lse(M, L);
+        } else {
+            const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
+            *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
+            if (c4 == 0) {
+                a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+                a.ws_l[R] = L;
+            }
+        }
+    }
+}
+
+// Which rows this CTA owns (blockIdx.x = q-block qb of the flattened batch): its sequence and
+// q-block within it; false when qb lies past the last sequence.
+template <class Tr>
+__device__ __forceinline__ bool attnd_sm80_cta_rows(const attnd_paged_kargs &a, int qb, int *seq,
+                                                    int *qb_local)
+{
+    if (a.direct) {
+        *seq = qb;
+        *qb_local = 0;
+        return true;
+    }
+    const int32_t *qsl = (const int32_t *)a.p.query_start_loc.data;
+    const int64_t qsl_s0 = a.p.query_start_loc.strides[0];
+    const int g = a.group;
+    int lo_s = 0, hi_s = (int)a.p.seq_lens.shape[0];
+    while (lo_s < hi_s) {
+        int mid = (lo_s + hi_s) >> 1;
+        int64_t start = (int64_t)qsl[mid * qsl_s0] * g / Tr::BLOCK_M + mid;
+        if (start <= qb)
+            lo_s = mid + 1;
+        else
+            hi_s = mid;
+    }
+    *seq = lo_s - 1;
+    if (*seq < 0) return false;
+    *qb_local = qb - (int)((int64_t)qsl[*seq * qsl_s0] * g / Tr::BLOCK_M + *seq);
+    return true;
+}
+
+// Chunk kk of a swizzled 16-bit row: four lane-dependent offsets x (kk % 4) plus an immediate.
+#define ATTND_SWZ_OFF(x, kk) ((x)[(kk)&3] + (uint32_t)(((kk) >> 2) << 7))
+
+// S = Q K^T for this warp's MT m-tiles and SUB keys: Q from registers (qf) or shared memory
+// (q_a: this lane's ldmatrix row), K rows at k_a; qx / kx: the lanes' swizzled chunk offsets.
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_qk(float (&s)[Tr::MT][Tr::SUB / 8][4],
+              const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t q_a,
+              const uint32_t (&qx)[4], uint32_t k_a, const uint32_t (&kx)[4])
+{
+    typedef typename Tr::TC TC;
+#pragma unroll
+    for (int mt = 0; mt < Tr::MT; mt++)
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++)
+            s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Tr::D_PAD / 16; kk++) {
+        uint32_t af[Tr::MT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++) {
+            if (Tr::Q_IN_REGS) {
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    af[mt][x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
+            } else {
+                attnd_ldsm_x4(q_a + mt * 16 * Tr::ROW16 + ATTND_SWZ_OFF(qx, kk), af[mt]);
+            }
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < Tr::SUB / 16; n2++) {
+            uint32_t bf[4];
+            attnd_ldsm_x4(k_a + n2 * 16 * Tr::ROW16 + ATTND_SWZ_OFF(kx, kk), bf);
+#pragma unroll
+            for (int mt = 0; mt < Tr::MT; mt++) {
+                attnd_mma<TC>::run(s[mt][2 * n2], af[mt], bf[0], bf[1]);
+                attnd_mma<TC>::run(s[mt][2 * n2 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// O += P V: P from the probabilities s (compute type), V rows at v_a (ldmatrix.trans).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][4],
+                                              const float (&s)[Tr::MT][Tr::SUB / 8][4],
+                                              uint32_t v_a, const uint32_t (&vx)[4])
+{
+    typedef typename Tr::TC TC;
+#pragma unroll
+    for (int kk = 0; kk < Tr::SUB / 16; kk++) {
+        uint32_t pa[Tr::MT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++) {
+            pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < Tr::D_PAD / 16; n2++) {
+            uint32_t bf[4];
+            attnd_ldsm_x4_trans(v_a + kk * 16 * Tr::ROW16 + ATTND_SWZ_OFF(vx, n2), bf);
+#pragma unroll
+            for (int mt = 0; mt < Tr::MT; mt++) {
+                attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
+                attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ kernel
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_kargs a)
+{
+    typedef typename Tr::TC TC;
+    constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
+    constexpr int NW = Tr::NW, ROW16 = Tr::ROW16;
+    constexpr int NSTAGES = Tr::NSTAGES, LOAD_ITERS = Tr::LOAD_ITERS, MT = Tr::MT, SUB = Tr::SUB;
+    constexpr int KSTEPS = D_PAD / 16;
+    extern __shared__ __align__(128) unsigned char attnd_smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = Tr::WARPS_N == 1 ? warp : 0;
+    const int wn = Tr::WARPS_N == 1 ? 0 : warp;
+    const int g = a.group;
+    const attnd_paged_params &p = a.p;
+
+    // ---- which rows: sequence, q-block, kv head, segment
+    int qb = Tr::REVERSE ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int kvh = blockIdx.y, seg = blockIdx.z;
+    int seq, qb_local;
+    if (!attnd_sm80_cta_rows<Tr>(a, qb, &seq, &qb_local)) return;
+    const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
+    const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
+    const int rows_total = sq_.q_len * g;
+    const int row0 = qb_local * BLOCK_M;
+    if (row0 >= rows_total) return;
+    const int sw = p.sliding_window;
+    const int row_last = min(row0 + BLOCK_M, rows_total) - 1;
+
+    // ---- context range [lo, hi) of this CTA: causal, window, segment
+    int lo, hi;
+    attnd_paged_range(a, seq_len, ctx + row0 / g, ctx + row_last / g, seg, &lo, &hi);
+    const int ntiles = lo < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
+
+    // ---- this thread's rows: m-tile mt, rows g8 and g8 + 8 of it
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int wrow0 = row0 + wm * Tr::WROWS;
+    int pos[MT][2];
+    float slope2[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            attnd_paged_row(a, wrow0 + mt * 16 + g8 + r * 8, rows_total, ctx, kvh, &pos[mt][r],
+                            &slope2[mt][r]);
+    const bool warp_has_rows = wrow0 < rows_total;
+    const int wpos_min = ctx + wrow0 / g;
+    const int wpos_max = ctx + (min(wrow0 + Tr::WROWS - 1, rows_total - 1)) / g;
+
+    // ---- shared memory
+    unsigned char *sq = attnd_smem;
+    unsigned char *spipe = attnd_smem + Tr::PIPE_OFF;
+    unsigned char *sconv = attnd_smem + Tr::CONV_OFF;
+    const uint32_t sq_a = attnd_smem_addr(sq);
+    const uint32_t spipe_a = attnd_smem_addr(spipe);
+    const uint32_t sconv_a = attnd_smem_addr(sconv);
+
+    // ---- K/V loader: thread's slots are chunk tid % CPR of rows tid / CPR + i * ROWS_PER_PASS.
+    // Byte offsets within a page fit 32 bits (checked by the host); page * stride is 32x32->64.
+    attnd_kv_loader<Tr> ld;
+    ld.init(a, tid, kvh, spipe_a);
+    const int32_t *bt =
+        (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
+    const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
+    const int bs_log2 = a.bs_log2;
+    const int32_t nblocks32 = a.nblocks32;
+    const bool kv_same = a.kv_same != 0;
+
+    int pg[LOAD_ITERS];
+    auto fetch_pages = [&](int stage, int *out) {
+        const int t0 = lo + stage * BLOCK_N;
+#pragma unroll
+        for (int i = 0; i < LOAD_ITERS; i++) {
+            const int tok = t0 + ld.row0 + i * Tr::ROWS_PER_PASS;
+            int pgid = -1;
+            if (stage < ntiles && tok < hi) {
+                pgid = __ldg(bt + (tok >> bs_log2) * bt_s1);
+                if ((unsigned)pgid >= (unsigned)nblocks32) pgid = -1;
+            }
+            out[i] = pgid;
+        }
+    };
+    auto issue_stage = [&](int stage, int buf, const int *pages) {
+        if (kv_same)
+            ld.template issue<true>(lo + stage * BLOCK_N, buf, pages);
+        else
+            ld.template issue<false>(lo + stage * BLOCK_N, buf, pages);
+    };
+
+    // ---- prologue: page ids and copies for the first NSTAGES-1 stages
+    {
+        int pro[NSTAGES - 1][LOAD_ITERS];
+#pragma unroll
+        for (int s = 0; s < NSTAGES - 1; s++)
+            fetch_pages(s, pro[s]);
+#pragma unroll
+        for (int s = 0; s < NSTAGES - 1; s++) {
+            if (s < ntiles) issue_stage(s, s, pro[s]);
+            attnd_cp_async_commit();
+        }
+        fetch_pages(NSTAGES - 1, pg);
+    }
+
+    // ---- Q tile -> shared (compute type, swizzled), zero outside rows / head size
+    attnd_sm80_load_q<Tr>(a, sq, row0, rows_total, q_start, kvh, tid);
+    __syncthreads();
+
+    // ldmatrix lane offsets (bytes; the XOR key is lane & 7 for all three operands)
+    const int xk = lane & 7;
+    const uint32_t q_lane =
+        (uint32_t)((wm * Tr::WROWS + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
+    const int q_cadd = lane >> 4;
+    const uint32_t k_lane = (uint32_t)((wn * NW + (lane & 7) + ((lane >> 4) << 3)) * ROW16);
+    const int k_cadd = (lane >> 3) & 1;
+    const uint32_t v_lane = (uint32_t)((wn * NW + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
+    const int v_cadd = lane >> 4;
+
+    // chunk c = 2 * kk + cadd sits at ((c & 7) ^ xk) + (c & ~7): four lane-dependent offsets per
+    // operand (kk % 4), the rest are immediates
+    uint32_t qx[4], kx[4], vx[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qx[i] = (uint32_t)(((2 * i + q_cadd) ^ xk) << 4);
+        kx[i] = (uint32_t)(((2 * i + k_cadd) ^ xk) << 4);
+        vx[i] = (uint32_t)(((2 * i + v_cadd) ^ xk) << 4);
+    }
+    uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
+    if (Tr::Q_IN_REGS) {
+#pragma unroll
+        for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++)
+            attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
+    }
+
+    float o[MT][D_PAD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < D_PAD / 8; n++)
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        m_r[mt][0] = m_r[mt][1] = attnd_neg_inf();
+        l_r[mt][0] = l_r[mt][1] = 0.0f;
+    }
+
+    // ---- main loop over K/V tiles
+    int buf = 0, ibuf = NSTAGES - 1; // stage buffers of tile j and of tile j + NSTAGES - 1
+    for (int j = 0; j < ntiles; j++) {
+        attnd_cp_async_wait<NSTAGES - 2>();
+        __syncthreads();
+        if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, ibuf, pg);
+        attnd_cp_async_commit();
+        fetch_pages(j + NSTAGES, pg);
+        ibuf = buf; // tile j + NSTAGES reuses tile j's buffer
+        const unsigned char *rk = spipe + buf * 2 * Tr::TILE_RAW, *rv = rk + Tr::TILE_RAW;
+        uint32_t kt_a = spipe_a + buf * 2 * Tr::TILE_RAW, vt_a = kt_a + Tr::TILE_RAW;
+        if (Tr::FP8 && Tr::WARPS_N == 1) {
+            // prefill: the CTA converts the whole K and V tiles (every warp reads all of them)
+            attnd_fp8_tiles_to_f16<Tr, BLOCK_N, Tr::THREADS, 0>(rk, rv, sconv,
+                                                                sconv + BLOCK_N * ROW16, 0, tid);
+            __syncthreads();
+            kt_a = sconv_a;
+            vt_a = sconv_a + BLOCK_N * ROW16;
+        }
+
+        // this warp's tokens [t0, t1) of the tile, SUB at a time
+#pragma unroll 1
+        for (int h = 0; h < NW / SUB; h++) {
+            const int t0 = lo + j * BLOCK_N + wn * NW + h * SUB, t1 = t0 + SUB;
+            if (!warp_has_rows || t0 >= hi || t0 > wpos_max ||
+                (sw > 0 && t1 - 1 < wpos_min - sw + 1))
+                continue; // nothing visible to this warp's rows
+            const bool need_mask = !attnd_paged_unmasked(t0, t1, hi, wpos_min, wpos_max, sw);
+
+            if (Tr::FP8 && Tr::WARPS_N > 1) {
+                // decode: the warp converts its own tokens (SUB == NW)
+                __syncwarp();
+                attnd_fp8_tiles_to_f16<Tr, NW, 32, 8>(rk, rv, sconv, sconv + BLOCK_N * ROW16,
+                                                      wn * NW, lane);
+                __syncwarp();
+                kt_a = sconv_a;
+                vt_a = sconv_a + BLOCK_N * ROW16;
+            }
+
+            // S = Q K^T (MT x 16 rows x SUB tokens)
+            float s[MT][SUB / 8][4];
+            attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16, kx);
+
+            // logits (log2 domain) with masks, then the online softmax
+            const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, t4, need_mask);
+            attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
+
+            // O += P V
+            attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
+        } // h
+        buf = buf + 1 == NSTAGES ? 0 : buf + 1;
+    }
+
+    // ---- epilogue
+    attnd_cp_async_wait<0>();
+    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    const bool partial = a.num_segments > 1;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
+#else
+    // sm_80's allocation of the two-m-tile kernel spills with the direct store; use shared memory
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1 && Tr::MT == 1;
+#endif
+    if (kDirectEpilogue && !partial && a.out_vec) {
+        // one warp per row, final output: normalise the registers and store them directly
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            attnd_paged_store_rows<D_PAD / 8>(
+                a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
+                wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
+        return;
+    }
+    // warps split the tokens: per-warp state -> shared, then combine, normalise and store
+    attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
+                               seg, tid);
+}
+
+#undef ATTND_SWZ_OFF
+
+#endif

@@ -1,0 +1,80 @@
+// Rows of a paged-attention tile, shared by the sm80 and sm90 cores. The q heads of one kv group
+// are packed with the query tokens into rows, as the seed does: packed row i of a sequence is
+// query token i / group, q head kv_head * group + i % group, at position context_len + i / group.
+// A CTA tile owns consecutive packed rows of one sequence and one kv head, so every K/V tile it
+// loads serves all q heads of the group. Here: the sequence's extent, the context range a tile of
+// rows sees (causal, sliding window, 3D segment), each row's position and ALiBi slope, and the
+// per-key visibility test.
+#ifndef ATTND_CUDA_PAGED_ROWS_CUH
+#define ATTND_CUDA_PAGED_ROWS_CUH
+
+#include "paged/args.h"
+#include "prims/math.cuh"
+
+// One sequence as the kernels see it.
+struct attnd_paged_seq {
+    int q_start, q_len, seq_len, ctx; // ctx = seq_len - q_len: cached tokens before the queries
+};
+
+__device__ __forceinline__ attnd_paged_seq attnd_paged_seq_at(const attnd_paged_kargs &a, int seq)
+{
+    const int64_t qs = a.p.query_start_loc.strides[0];
+    const int32_t *qsl = (const int32_t *)a.p.query_start_loc.data;
+    attnd_paged_seq s;
+    s.q_start = qsl[seq * qs];
+    s.q_len = qsl[(seq + 1) * qs] - s.q_start;
+    s.seq_len = ((const int32_t *)a.p.seq_lens.data)[seq * a.p.seq_lens.strides[0]];
+    s.ctx = s.seq_len - s.q_len;
+    return s;
+}
+
+// Keys [lo, hi) that rows at positions pos_min..pos_max may see: causal, the sliding window and,
+// with num_segments > 1, segment seg of the context (whole blocks, cdiv(blocks, segments) each).
+__device__ __forceinline__ void attnd_paged_range(const attnd_paged_kargs &a, int seq_len,
+                                                  int pos_min, int pos_max, int seg, int *lo,
+                                                  int *hi)
+{
+    const int sw = a.p.sliding_window;
+    int l = 0, h = min(seq_len, pos_max + 1);
+    if (sw > 0) l = max(l, pos_min - sw + 1);
+    if (a.num_segments > 1) {
+        const int bs = 1 << a.bs_log2;
+        const int nblk = (seq_len + bs - 1) >> a.bs_log2;
+        const int bps = (nblk + a.num_segments - 1) / a.num_segments;
+        const int seg_lo = seg * bps * bs;
+        l = max(l, seg_lo);
+        h = min(h, seg_lo + bps * bs);
+    }
+    *lo = l;
+    *hi = h;
+}
+
+// Position of packed row idx (-1: past the sequence's rows, sees nothing) and its ALiBi slope
+// in the log2 domain (0 without ALiBi).
+__device__ __forceinline__ void attnd_paged_row(const attnd_paged_kargs &a, int idx, int rows_total,
+                                                int ctx, int kvh, int *pos, float *slope2)
+{
+    const bool ok = idx < rows_total;
+    const int g = a.group;
+    *pos = ok ? ctx + idx / g : -1;
+    *slope2 = (ok && a.p.alibi_slopes.data)
+                  ? ((const float *)a.p.alibi_slopes
+                         .data)[(int64_t)(kvh * g + idx % g) * a.p.alibi_slopes.strides[0]] *
+                        ATTND_LOG2E
+                  : 0.0f;
+}
+
+// Key t is visible to a row at position ps (ps < 0: none is) of a sequence of hi keys.
+__device__ __forceinline__ bool attnd_paged_visible(int t, int ps, int hi, int sw)
+{
+    return t < hi && t <= ps && (sw <= 0 || ps - t < sw);
+}
+
+// Keys [t0, t1) need no per-key test for rows at positions pmin..pmax (all of them see all).
+__device__ __forceinline__ bool attnd_paged_unmasked(int t0, int t1, int hi, int pmin, int pmax,
+                                                     int sw)
+{
+    return t1 <= hi && t1 - 1 <= pmin && (sw <= 0 || pmax - t0 < sw);
+}
+
+#endif
