@@ -187,6 +187,13 @@ const attnd_cfg_key *attnd_config_layer_keys(size_t *count);
 /* Layer `layer` (< num_layers) of g resolved: its geometry.layers entry over the global keys,
  * the scale made effective, every key set. Pointers borrow g's arrays. */
 void attnd_config_layer(const attnd_cfg_geometry *g, uint32_t layer, attnd_cfg_layer *out);
+/* Every layer windowed: the largest window (blocks wholly before it can be released); 0 when
+ * some layer sees its whole context. */
+uint32_t attnd_config_window_all(const attnd_cfg_geometry *g);
+/* Every layer of g resolved, as a JSON array of objects in the config's own keys (alibi_slopes
+ * true for the standard slopes; sinks only where a layer has them), into buf[cap]. Returns the
+ * length the whole text needs (snprintf's contract: complete when < cap). */
+size_t attnd_config_layers_json(const attnd_cfg_geometry *g, char *buf, size_t cap);
 /* Whether two geometries have the same geometry.layers (both none counts as equal). */
 int attnd_config_layers_equal(const attnd_cfg_layers *a, const attnd_cfg_layers *b);
 

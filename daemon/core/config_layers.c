@@ -3,6 +3,7 @@
  * (a reload that changes them needs a restart). */
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,4 +241,62 @@ int attnd_config_layers_equal(const attnd_cfg_layers *a, const attnd_cfg_layers 
     for (uint32_t i = 0; i < a->count; i++)
         if (!entry_equal(&a->entries[i], &b->entries[i])) return 0;
     return 1;
+}
+
+uint32_t attnd_config_window_all(const attnd_cfg_geometry *g)
+{
+    uint32_t w = 0;
+    attnd_cfg_layer l;
+    for (uint32_t i = 0; i < g->num_layers; i++) {
+        attnd_config_layer(g, i, &l);
+        if (l.sliding_window == 0) return 0;
+        if (l.sliding_window > w) w = l.sliding_window;
+    }
+    return w;
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+/* snprintf appending at *k of buf[cap], *k counting what the whole text needs. */
+static void put(char *buf, size_t cap, size_t *k, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t cap, size_t *k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(*k < cap ? buf + *k : NULL, *k < cap ? cap - *k : 0, fmt, ap);
+    va_end(ap);
+    if (w > 0) *k += (size_t)w;
+}
+
+static void put_floats(char *buf, size_t cap, size_t *k, const char *key, const float *x,
+                       uint32_t n)
+{
+    put(buf, cap, k, ",\"%s\":[", key);
+    for (uint32_t i = 0; i < n; i++)
+        put(buf, cap, k, "%s%.9g", i ? "," : "", (double)x[i]);
+    put(buf, cap, k, "]");
+}
+
+size_t attnd_config_layers_json(const attnd_cfg_geometry *g, char *buf, size_t cap)
+{
+    size_t k = 0;
+    attnd_cfg_layer l;
+    if (cap) buf[0] = '\0';
+    put(buf, cap, &k, "[");
+    for (uint32_t i = 0; i < g->num_layers; i++) {
+        attnd_config_layer(g, i, &l);
+        put(buf, cap, &k, "%s{\"sliding_window\":%u,\"softcap\":%.9g,\"scale\":%.9g", i ? "," : "",
+            l.sliding_window, (double)l.softcap, (double)l.scale);
+        if (l.alibi == ATTND_CFG_ALIBI_GIVEN)
+            put_floats(buf, cap, &k, "alibi_slopes", l.alibi_slopes, l.num_alibi_slopes);
+        else
+            put(buf, cap, &k, ",\"alibi_slopes\":%s",
+                l.alibi == ATTND_CFG_ALIBI_STANDARD ? "true" : "false");
+        if (l.sinks) put_floats(buf, cap, &k, "sinks", l.sinks, l.num_sinks);
+        put(buf, cap, &k, ",\"k_scale\":%.9g,\"v_scale\":%.9g}", (double)l.k_scale,
+            (double)l.v_scale);
+    }
+    put(buf, cap, &k, "]");
+    return k;
 }

@@ -58,16 +58,9 @@ attnd_err attnd_model_init(attnd_model *m, const attnd_config *cfg, char *err, s
         return attnd_errf(err, n, ATTND_ERR_NO_MEMORY, "geometry.layers: out of memory");
     }
     if (g->cache_dtype == ATTND_DTYPE_F32) m->needs |= ATTND_FEATURE_F32_CACHE;
-    m->window_all = UINT32_MAX;
-    for (uint32_t l = 0; l < g->num_layers; l++) {
+    for (uint32_t l = 0; l < g->num_layers; l++)
         model_layer(m, g, l);
-        uint32_t w = (uint32_t)m->layers[l].sliding_window;
-        if (w == 0)
-            m->window_all = 0;
-        else if (m->window_all != 0)
-            m->window_all = m->window_all == UINT32_MAX || w > m->window_all ? w : m->window_all;
-    }
-    if (m->window_all == UINT32_MAX) m->window_all = 0;
+    m->window_all = attnd_config_window_all(g);
     return ATTND_ERR_OK;
 }
 
