@@ -42,6 +42,7 @@
     XX(attnd_expect, num_kv_heads)                                                                 \
     XX(attnd_expect, head_size)                                                                    \
     XX(attnd_expect, block_size)                                                                   \
+    XX(attnd_expect, compare_cache_dtype)                                                          \
     XX(attnd_expect, cache_dtype)                                                                  \
     XX(attnd_expect, num_layer_opts)                                                               \
     XX(attnd_expect, layer_opts)                                                                   \

@@ -140,8 +140,8 @@ static void expect_to_pb(const attnd_client *c, Attnd__ExpectGeometry *x,
     x->num_kv_heads = e->num_kv_heads;
     x->head_size = e->head_size;
     x->block_size = e->block_size;
-    x->compare_cache_dtype = e->cache_dtype >= 0;
-    x->cache_dtype = e->cache_dtype >= 0 ? (Attnd__DType)e->cache_dtype : ATTND__DTYPE__F32;
+    x->compare_cache_dtype = e->compare_cache_dtype != 0;
+    x->cache_dtype = (Attnd__DType)e->cache_dtype;
     for (uint32_t i = 0; i < e->num_layer_opts; i++) {
         const attnd_layer_opts *o = &e->layer_opts[i];
         attnd__layer_options__init(&items[i]);

@@ -124,7 +124,8 @@ typedef struct attnd_geometry {
  * another model never serves silently wrong results. */
 typedef struct attnd_expect {
     uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size; /* 0 = not compared */
-    int32_t cache_dtype; /* an attnd_dtype, or -1 = not compared */
+    int32_t compare_cache_dtype; /* 1: cache_dtype is compared */
+    attnd_dtype cache_dtype;
     /* 0 = layers not compared; else it divides num_layers and entry i % num_layer_opts is
      * layer i's (Gemma-2: 2 entries) */
     uint32_t num_layer_opts;

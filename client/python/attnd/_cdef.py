@@ -64,7 +64,8 @@ typedef struct attnd_geometry {
 
 typedef struct attnd_expect {
     uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size;
-    int32_t cache_dtype;
+    int32_t compare_cache_dtype;
+    attnd_dtype cache_dtype;
     uint32_t num_layer_opts;
     const attnd_layer_opts *layer_opts;
 } attnd_expect;

@@ -105,7 +105,8 @@ def _expect_cdata(expect: dict[str, Any]) -> tuple[Any, list[Any]]:
     e = ffi.new("attnd_expect *", {
         **{k: int(expect.get(k, 0)) for k in ("num_layers", "num_q_heads", "num_kv_heads",
                                                "head_size", "block_size")},
-        "cache_dtype": dtypes.CODES[dt] if dt else -1, "num_layer_opts": len(layers),
+        "compare_cache_dtype": int(bool(dt)), "cache_dtype": dtypes.CODES[dt] if dt else 0,
+        "num_layer_opts": len(layers),
         "layer_opts": keep[0]})
     return e, keep
 
