@@ -36,6 +36,9 @@ typedef struct attnd_paged_launch {
     int max_seq_len;
 } attnd_paged_launch;
 
+// Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.
+cudaError_t attnd_paged_f32_run(const attnd_paged_kargs &a, cudaStream_t stream);
+
 // Launch the core on the launch's stream; cudaErrorInvalidConfiguration when the shapes exceed
 // the launch limits or the device's shared memory.
 template <int CORE, int D_PAD, int KV>
