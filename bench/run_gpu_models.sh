@@ -14,8 +14,9 @@
 #   bench/run_gpu_models.sh --stage build-dev BEFORE/bench/bench_paged ../main/build-models-dev
 # and on the device (carry build-models-dev):
 #   bash build-models-dev/run_gpu_models.sh [steps...]
-# steps (default: smoke e2e bench full): smoke (gpu_paged --reduced), e2e (gpu_daemon_e2e),
-# bench (bench_paged before/after x2), full (gpu_paged's full grid, with what time is left).
+# steps (default: smoke e2e bench1 full bench2): smoke (gpu_paged --reduced), e2e
+# (gpu_daemon_e2e), bench1 / bench2 (bench_paged before then after / after then before), full
+# (gpu_paged's full grid); the later steps get what time is left of BUDGET_S.
 set -u
 
 if [[ ${1:-} == --stage ]]; then
@@ -47,7 +48,7 @@ budget=${BUDGET_S:-560} # the whole command's seconds
 left() { echo $((budget - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 date -u +%FT%TZ
-for s in ${*:-smoke e2e bench full}; do
+for s in ${*:-smoke e2e bench1 full bench2}; do
     case $s in
     smoke)
         echo "== gpu_paged --reduced"
@@ -57,22 +58,24 @@ for s in ${*:-smoke e2e bench full}; do
         ;;
     e2e)
         echo "== gpu_daemon_e2e"
-        timeout 200 $D/gpu_daemon_e2e >"$out/e2e.log" 2>&1
+        timeout 240 $D/gpu_daemon_e2e >"$out/e2e.log" 2>&1
         echo "rc=$?"
-        grep -aE "FAIL|layers|f32 cache|worst|gpu_daemon_e2e:" "$out/e2e.log" | head -30
+        grep -aE "FAIL|Hello reports|f32 cache|worst|daemon vs cpu|gpu_daemon_e2e:" "$out/e2e.log" | head -30
         ;;
-    bench)
-        echo "== bench_paged: before, after, before, after"
-        for r in 1 2; do
-            for v in before after; do
-                b=$D/bench_paged$([ $v = before ] && echo _before)
-                echo "-- $v (round $r)" | tee -a "$out/bench.log"
-                timeout 100 $b 2>&1 | tee -a "$out/bench.log" | grep -E "^(prefill|decode)"
-            done
+    bench1 | bench2)
+        order="before after"
+        [ $s = bench2 ] && order="after before"
+        t=$((($(left) - 20) / 2))
+        [ $t -gt 90 ] && t=90
+        [ $t -lt 20 ] && { echo "== $s skipped"; continue; }
+        for v in $order; do
+            b=$D/bench_paged$([ $v = before ] && echo _before)
+            echo "== bench_paged $v ($s, timeout ${t}s)" | tee -a "$out/bench.log"
+            timeout $t $b 2>&1 | tee -a "$out/bench.log" | grep -E "^(prefill|decode)"
         done
         ;;
     full)
-        t=$(($(left) - 10))
+        t=$(($(left) - 110)) # leaves bench2 its time
         [ $t -lt 30 ] && { echo "== full grid skipped: ${t}s left"; continue; }
         echo "== gpu_paged full grid (timeout ${t}s)"
         timeout $t $D/gpu_paged --seed 16 --verbose >"$out/full.log" 2>&1
