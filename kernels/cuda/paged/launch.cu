@@ -126,7 +126,7 @@ typedef cudaError_t (*paged_fn)(attnd_paged_kargs, const attnd_paged_launch &);
     }
 
 // [core][head 64 / 128 / 256][cache f16 / bf16 / fp8]; NULL: not built.
-static const paged_fn kPagedRun[3][3][3] = {
+static const paged_fn kPagedRun[4][3][3] = {
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 128),
      ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 256)},
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 128),
@@ -134,6 +134,9 @@ static const paged_fn kPagedRun[3][3][3] = {
     {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 64),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 128),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 256)},
+    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 64),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 128),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 256)},
 };
 
 static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_paged_kargs &a,
@@ -241,7 +244,7 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     if ((int64_t)p->max_query_len * a.group <= 16)
         core = ATTND_CORE_SM80_DECODE;
     else if (sm90_usable(c, p, kv, &tk, &tv)) {
-        core = ATTND_CORE_SM90_PREFILL;
+        core = p->sinks.data ? ATTND_CORE_SM90_PREFILL_SINKS : ATTND_CORE_SM90_PREFILL;
         l.tk = &tk;
         l.tv = &tv;
     }

@@ -745,7 +745,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         // one warp per row, final output: normalise the registers and store them directly
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-            attnd_paged_store_rows<D_PAD / 8>(
+            attnd_paged_store_rows_as<D_PAD / 8, true>(
                 a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
                 wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
         return;
