@@ -51,8 +51,8 @@ static attnd_err layers_from_pb(attnd_client *c, attnd_geometry *g, const Attnd_
                                 v,
                                 (uint32_t)o->n_sinks,
                                 v + o->n_alibi_slopes};
-        memcpy(v, o->alibi_slopes, o->n_alibi_slopes * sizeof *v);
-        memcpy(v + o->n_alibi_slopes, o->sinks, o->n_sinks * sizeof *v);
+        if (o->n_alibi_slopes) memcpy(v, o->alibi_slopes, o->n_alibi_slopes * sizeof *v);
+        if (o->n_sinks) memcpy(v + o->n_alibi_slopes, o->sinks, o->n_sinks * sizeof *v);
         if (o->n_sinks == 0) d->sinks = NULL;
         if (o->n_alibi_slopes == 0) d->alibi_slopes = NULL;
         v += o->n_alibi_slopes + o->n_sinks;
@@ -116,10 +116,10 @@ attnd_err attnd_client_set_expect(attnd_client *c, const attnd_expect *e)
     for (uint32_t i = 0; i < e->num_layer_opts; i++) {
         attnd_layer_opts *d = &c->expect_layers[i];
         *d = e->layer_opts[i];
-        memcpy(v, d->alibi_slopes, d->num_alibi_slopes * sizeof *v);
+        if (d->num_alibi_slopes) memcpy(v, d->alibi_slopes, d->num_alibi_slopes * sizeof *v);
         d->alibi_slopes = v;
         v += d->num_alibi_slopes;
-        memcpy(v, d->sinks, d->num_sinks * sizeof *v);
+        if (d->num_sinks) memcpy(v, d->sinks, d->num_sinks * sizeof *v);
         d->sinks = v;
         v += d->num_sinks;
     }
