@@ -25,6 +25,27 @@
     XX(attnd_geometry, linear_slots)                                                               \
     XX(attnd_geometry, linear_heads)                                                               \
     XX(attnd_geometry, linear_head_dim)                                                            \
+    XX(attnd_geometry, window_release)                                                             \
+    XX(attnd_geometry, layers)                                                                     \
+    XX(attnd_layer_opts, sliding_window)                                                           \
+    XX(attnd_layer_opts, softcap)                                                                  \
+    XX(attnd_layer_opts, scale)                                                                    \
+    XX(attnd_layer_opts, k_scale)                                                                  \
+    XX(attnd_layer_opts, v_scale)                                                                  \
+    XX(attnd_layer_opts, alibi)                                                                    \
+    XX(attnd_layer_opts, num_alibi_slopes)                                                         \
+    XX(attnd_layer_opts, alibi_slopes)                                                             \
+    XX(attnd_layer_opts, num_sinks)                                                                \
+    XX(attnd_layer_opts, sinks)                                                                    \
+    XX(attnd_expect, num_layers)                                                                   \
+    XX(attnd_expect, num_q_heads)                                                                  \
+    XX(attnd_expect, num_kv_heads)                                                                 \
+    XX(attnd_expect, head_size)                                                                    \
+    XX(attnd_expect, block_size)                                                                   \
+    XX(attnd_expect, compare_cache_dtype)                                                          \
+    XX(attnd_expect, cache_dtype)                                                                  \
+    XX(attnd_expect, num_layer_opts)                                                               \
+    XX(attnd_expect, layer_opts)                                                                   \
     XX(attnd_limits, max_seqs)                                                                     \
     XX(attnd_limits, max_step_tokens)                                                              \
     XX(attnd_limits, max_regions)                                                                  \
@@ -50,6 +71,7 @@
     XX(attnd_seq_info, num_tokens)                                                                 \
     XX(attnd_seq_info, num_blocks)                                                                 \
     XX(attnd_seq_info, step)                                                                       \
+    XX(attnd_seq_info, released_tokens)                                                            \
     XX(attnd_step_seq, seq_id)                                                                     \
     XX(attnd_step_seq, new_tokens)                                                                 \
     XX(attnd_step, id)                                                                             \
@@ -118,6 +140,8 @@
 #define ATTND_CLIENT_ABI_TYPES(XX)                                                                 \
     XX(attnd_client_opts)                                                                          \
     XX(attnd_geometry)                                                                             \
+    XX(attnd_layer_opts)                                                                           \
+    XX(attnd_expect)                                                                               \
     XX(attnd_limits)                                                                               \
     XX(attnd_server_info)                                                                          \
     XX(attnd_status)                                                                               \

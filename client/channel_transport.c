@@ -218,6 +218,7 @@ static int chan_carries(const Attnd__Request *req)
     case ATTND__REQUEST__BODY_CREATE:
     case ATTND__REQUEST__BODY_FREE:
     case ATTND__REQUEST__BODY_FORK:
+    case ATTND__REQUEST__BODY_TRUNCATE:
         return 1;
     case ATTND__REQUEST__BODY_ATTEND:
         a = req->attend;

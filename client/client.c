@@ -41,6 +41,9 @@ void attnd_client_free(attnd_client *c)
     attnd_client_channel_drop(c);
     attnd_client_socket_transport.free(c->socket);
     pthread_mutex_destroy(&c->mu);
+    attnd_client_layers_free(&c->hello_layers);
+    attnd_client_layers_free(&c->status_layers);
+    attnd_client_expect_free(c);
     free(c);
 }
 

@@ -16,6 +16,12 @@
 #include "channel_transport.h"
 #include "socket_transport.h"
 
+/* The layers of a decoded geometry: the options and the floats they point to. */
+typedef struct attnd_client_layers {
+    attnd_layer_opts *opts;
+    float *values;
+} attnd_client_layers;
+
 struct attnd_client {
     attnd_client_socket *socket;
     attnd_client_chan *chan; /* set and cleared only while no call is in flight */
@@ -37,6 +43,11 @@ struct attnd_client {
     char last_error[512];
     int last_remote;      /* last_error came from the daemon */
     char chan_error[512]; /* why attnd_client_connect's channel did not open */
+    attnd_client_layers hello_layers, status_layers; /* what attnd_geometry.layers point to */
+    attnd_expect expect;                             /* deep copy; num_layers... 0 = none */
+    attnd_layer_opts *expect_layers;
+    float *expect_values;
+    int have_expect;
 };
 
 /* snprintf's "%s" of src (NULL = ""), always terminated. */
@@ -79,6 +90,13 @@ typedef struct attnd_client_error {
 } attnd_client_error;
 void attnd_client_error_save(attnd_client *c, attnd_client_error *e);
 void attnd_client_error_restore(attnd_client *c, const attnd_client_error *e);
+
+/* ---------------------------------------------------------------- session.c */
+
+/* Free what attnd_client_layers holds (client free). */
+void attnd_client_layers_free(attnd_client_layers *l);
+/* Free the expectation's copy (client free). */
+void attnd_client_expect_free(attnd_client *c);
 
 /* ---------------------------------------------------------------- ref.c */
 

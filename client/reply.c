@@ -113,6 +113,8 @@ const char *attnd_client_body_name(Attnd__Request__BodyCase k)
         return "fork";
     case ATTND__REQUEST__BODY_FREE:
         return "free";
+    case ATTND__REQUEST__BODY_TRUNCATE:
+        return "truncate";
     case ATTND__REQUEST__BODY_QUERY:
         return "query";
     case ATTND__REQUEST__BODY_LIST:

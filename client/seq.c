@@ -10,6 +10,7 @@ static void seq_from_pb(attnd_seq_info *info, const Attnd__SequenceInfo *pb)
     info->num_tokens = pb->num_tokens;
     info->num_blocks = pb->num_blocks;
     info->step = pb->step;
+    info->released_tokens = pb->released_tokens;
 }
 
 /* Round trip for a request whose reply may carry a SequenceInfo; info (may be NULL) gets it.
@@ -62,6 +63,18 @@ attnd_err attnd_client_seq_free(attnd_client *c, uint64_t seq_id)
     req.body_case = ATTND__REQUEST__BODY_FREE;
     req.free = &m;
     return seq_call(c, &req, "free", seq_id, NULL, 0);
+}
+
+attnd_err attnd_client_seq_truncate(attnd_client *c, uint64_t seq_id, uint32_t tokens,
+                                    attnd_seq_info *info)
+{
+    Attnd__Request req = ATTND__REQUEST__INIT;
+    Attnd__TruncateSequence m = ATTND__TRUNCATE_SEQUENCE__INIT;
+    m.seq_id = seq_id;
+    m.tokens = tokens;
+    req.body_case = ATTND__REQUEST__BODY_TRUNCATE;
+    req.truncate = &m;
+    return seq_call(c, &req, "truncate", seq_id, info, 0);
 }
 
 attnd_err attnd_client_seq_query(attnd_client *c, uint64_t seq_id, attnd_seq_info *info)

@@ -100,6 +100,7 @@ static void hook_reload(void *arg)
         return;
     }
     int differ = attnd_config_apply_live(&d->cfg, &next, restart, sizeof restart);
+    attnd_config_fini(&next); /* its geometry (layers included) is not applied: restart-only */
     attnd_log_set_level(&d->log, (attnd_log_level)d->cfg.log.level);
     live_update *u = malloc(sizeof *u);
     if (u != NULL) {
@@ -155,11 +156,9 @@ static int start_modules(daemon_ctx *d)
     }
     /* cpu: the planner fills the worker threads; cuda: the SMs, counted by state/devmem */
     int32_t units = d->cfg.threads ? (int32_t)d->cfg.threads : (int32_t)(cores > 0 ? cores : 1);
-    rv = attnd_serve_alloc(&d->sv, &d->cfg, attnd_exec_backend(d->ex), units, &d->log);
-    if (rv != ATTND_ERR_OK) {
-        snprintf(err, sizeof err, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
-        goto fail;
-    }
+    rv = attnd_serve_alloc(&d->sv, &d->cfg, attnd_exec_backend(d->ex), units, &d->log, err,
+                           sizeof err);
+    if (rv != ATTND_ERR_OK) goto fail;
     if ((rv = attnd_observe_alloc(&d->obs, &d->cfg, &d->log)) != ATTND_ERR_OK) goto fail;
     attnd_observe_set_memory(d->obs, d->sv->model.geo.num_blocks, d->sv->dm->device_name,
                              d->sv->dm->device_bytes);
@@ -291,10 +290,13 @@ int main(int argc, char **argv)
     }
     if (check) {
         printf("attnd: %s: ok\n", d.config_path);
+        attnd_config_fini(&d.cfg);
         return 0;
     }
     /* a client that goes away mid-write must not kill us; NNG reports it as an error */
     signal(SIGPIPE, SIG_IGN);
     attnd_log_init(&d.log, (attnd_log_level)d.cfg.log.level, NULL);
-    return run(&d);
+    int status = run(&d);
+    attnd_config_fini(&d.cfg);
+    return status;
 }

@@ -309,7 +309,8 @@ static void fuzz_serve_start(fuzz_state *st, fuzz_env *env)
 {
     char err[256];
     st->env = env;
-    if (attnd_serve_alloc(&st->sv, &env->cfg, env->be, 1, &env->log) != ATTND_ERR_OK) abort();
+    if (attnd_serve_alloc(&st->sv, &env->cfg, env->be, 1, &env->log, NULL, 0) != ATTND_ERR_OK)
+        abort();
     if (attnd_serve_open_shm(st->sv, &env->cfg, err, sizeof err) != ATTND_ERR_OK) {
         fprintf(stderr, "fuzz: %s\n", err);
         abort();

@@ -99,6 +99,18 @@ def hello(rid=1, version=1, name="fuzz", token=None):
     return request(rid, 10, b)
 
 
+def hello_expect(rid=1, layers=2, window=0, sinks=None):
+    """Hello with an expected geometry (Hello.expect): the shape and one layer pattern."""
+    sink_bytes = struct.pack("<%df" % len(sinks), *sinks) if sinks else b""
+    lay = f_varint(1, window) + (f_bytes(6, sink_bytes) if sinks else b"")
+    expect = f_varint(1, layers) + f_varint(2, 4) + f_bytes(7, lay)
+    return request(rid, 10, f_varint(1, 1) + f_bytes(2, "fuzz") + f_bytes(4, expect))
+
+
+def truncate(rid, seq, tokens, session=1):
+    return request(rid, 30, f_varint(1, seq) + f_varint(2, tokens), session)
+
+
 def create(rid, seq, session=1):
     return request(rid, 13, f_varint(1, seq), session)
 
@@ -287,6 +299,13 @@ def seeds():
                     frame(register_shm(4, 0, "", 0)), frame(register_ipc(5, 3, b"\x01" * 64, 4096)),
                     frame(register_ipc(6, 4, b"\x01" * 3, 4096)),
                     frame(request(7, 12, f_varint(1, 1), 1)), frame(request(8, 12, f_varint(1, 77), 1))]
+    s["hello_expect"] = [frame(hello_expect(1, 3)), frame(hello_expect(2, 2, 7)),
+                         frame(hello_expect(3, 2, 0, [0.5, 1.0, 2.0, 3.0])),
+                         frame(hello_expect(4))]
+    s["truncate"] = [frame(hello()), frame(create(2, 1)), frame(begin_step(3, [(1, 20)])),
+                     frame(attend(4, 1, 0, 20)), frame(attend(5, 1, 1, 20)),
+                     frame(end_step(6, 1)), frame(truncate(7, 1, 5)), frame(truncate(8, 1, 99)),
+                     frame(fork(9, 1, 2)), frame(truncate(10, 2, 15)), frame(truncate(11, 3, 1))]
     s["merge_varlen"] = [frame(hello()), frame(merge(2, 3)), frame(varlen(3, 5))]
     s["garbage"] = [frame(bytes((i * 131 + 7) & 0xFF for i in range(64)))]
     s["truncated"] = [frame(hello()), frame(attend(2, 1, 0, 2)[:-9])]

@@ -306,9 +306,10 @@ Test(cache, linear_slots_run_out, .timeout = 60)
     attnd_cache_free(none);
 }
 
-/* Random creates, forks, reserves, commits, aborts and frees across owners, checking after
- * every operation that no block is handed out twice and every count matches. */
-Test(cache, random_operations_keep_every_invariant, .timeout = 60)
+/* Random creates, forks, reserves, commits, aborts, truncates and frees across owners, with and
+ * without a window, checking after every operation that no block is handed out twice and every
+ * count matches. */
+static void random_operations(uint32_t window, uint64_t seed)
 {
     enum { NSEQ = 24 };
     attnd_cache *c;
@@ -316,10 +317,12 @@ Test(cache, random_operations_keep_every_invariant, .timeout = 60)
     attnd_seq *seqs[NSEQ] = {0};
     uint64_t owners[] = {1, 2, 3};
     attnd_cache_copy cow, lc;
+    char err[256];
     cr_assert_eq(attnd_cache_alloc(&c, NB * 4, BS, MBPS, 8), ATTND_ERR_OK);
-    attnd_rng_seed(&r, 1234);
+    attnd_cache_set_window(c, window);
+    attnd_rng_seed(&r, seed);
     for (int it = 0; it < 20000; it++) {
-        int i = (int)attnd_rng_int(&r, 0, NSEQ - 1), op = (int)attnd_rng_int(&r, 0, 6);
+        int i = (int)attnd_rng_int(&r, 0, NSEQ - 1), op = (int)attnd_rng_int(&r, 0, 7);
         attnd_seq *s = seqs[i];
         if (s == NULL) {
             cr_assert_eq(attnd_cache_create(c, owners[i % 3], (uint64_t)i + 1, &seqs[i]),
@@ -344,8 +347,16 @@ Test(cache, random_operations_keep_every_invariant, .timeout = 60)
         } else if (op == 5) {
             int32_t slot;
             int fresh;
-            attnd_err rv = attnd_cache_linear_slot(c, s, &slot, &fresh);
-            cr_assert(rv == ATTND_ERR_OK || rv == ATTND_ERR_OUT_OF_BLOCKS);
+            if (attnd_rng_int(&r, 0, 3) == 0) { /* few: a sequence with state cannot truncate */
+                attnd_err rv = attnd_cache_linear_slot(c, s, &slot, &fresh);
+                cr_assert(rv == ATTND_ERR_OK || rv == ATTND_ERR_OUT_OF_BLOCKS);
+            }
+        } else if (op == 6) {
+            uint32_t drop = (uint32_t)attnd_rng_int(&r, 0, 20);
+            attnd_err rv = attnd_cache_truncate(c, s, drop, "tokens", err, sizeof err);
+            cr_assert(rv == ATTND_ERR_OK || rv == ATTND_ERR_INVALID_ARGUMENT ||
+                          rv == ATTND_ERR_FAILED_PRECONDITION,
+                      "truncate: %d", rv);
         } else {
             attnd_cache_release(c, s);
             seqs[i] = NULL;
@@ -356,5 +367,103 @@ Test(cache, random_operations_keep_every_invariant, .timeout = 60)
         attnd_cache_release_owner(c, owners[o]);
     cr_assert_eq(attnd_cache_blocks_free(c), NB * 4);
     cr_assert_eq(attnd_cache_linear_free(c), 8);
+    attnd_cache_free(c);
+}
+
+Test(cache, random_operations_keep_every_invariant, .timeout = 60)
+{
+    random_operations(0, 1234);
+    random_operations(40, 1235);
+}
+
+/* ---------------------------------------------------------------- truncate */
+
+Test(cache, truncate_releases_blocks_past_the_new_end, .timeout = 60)
+{
+    attnd_cache *c = make(NB, 2);
+    attnd_seq *a, *b;
+    attnd_cache_copy cow, lc;
+    char err[256];
+    uint64_t owner = 1;
+    cr_assert_eq(attnd_cache_create(c, 1, 1, &a), ATTND_ERR_OK);
+    grow(c, a, 40, NULL); /* 3 blocks */
+    cr_assert_eq(attnd_cache_truncate(c, a, 10, "tokens", err, sizeof err), ATTND_ERR_OK, "%s",
+                 err);
+    cr_assert_eq(a->num_tokens, 30);
+    cr_assert_eq(a->nblocks, 2);
+    cr_assert_eq(attnd_cache_blocks_free(c), NB - 2);
+    cr_assert_eq(attnd_cache_truncate(c, a, 0, "tokens", err, sizeof err), ATTND_ERR_OK);
+    cr_assert_eq(attnd_cache_truncate(c, a, 31, "tokens", err, sizeof err),
+                 ATTND_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "tokens: 31 tokens to drop, sequence 1 has 30"), "%s", err);
+    /* a child sharing both blocks drops into the first: the second goes back to the parent
+     * alone, and the child's next write copies the shared (now partial) first block */
+    cr_assert_eq(attnd_cache_fork(c, a, 2, &b, &lc), ATTND_ERR_OK);
+    int32_t first = a->blocks[0], second = a->blocks[1];
+    cr_assert_eq(attnd_cache_truncate(c, b, 20, "tokens", err, sizeof err), ATTND_ERR_OK);
+    cr_assert_eq(b->nblocks, 1);
+    cr_assert_eq(attnd_cache_block_refs(c, second), 1);
+    cr_assert_eq(attnd_cache_block_refs(c, first), 2);
+    grow(c, b, 3, &cow);
+    cr_assert_eq(cow.src, first, "the shared block is copied, never written");
+    cr_assert_neq(b->blocks[0], first);
+    cr_assert_eq(a->blocks[0], first);
+    check_invariants(c, &owner, 1);
+    /* a reservation pending, or linear state, refuses */
+    cr_assert_eq(attnd_cache_reserve(c, a, 2, &cow), ATTND_ERR_OK);
+    cr_assert_eq(attnd_cache_truncate(c, a, 1, "tokens", err, sizeof err),
+                 ATTND_ERR_INVALID_ARGUMENT);
+    attnd_cache_abort(c, a);
+    int32_t slot;
+    int fresh;
+    cr_assert_eq(attnd_cache_linear_slot(c, a, &slot, &fresh), ATTND_ERR_OK);
+    cr_assert_eq(attnd_cache_truncate(c, a, 1, "tokens", err, sizeof err),
+                 ATTND_ERR_FAILED_PRECONDITION);
+    cr_assert(strstr(err, "linear-attention state"), "%s", err);
+    check_invariants(c, &owner, 1);
+    attnd_cache_free(c);
+}
+
+/* ---------------------------------------------------------------- windowed memory */
+
+Test(cache, window_releases_blocks_wholly_before_it, .timeout = 60)
+{
+    attnd_cache *c = make(NB, 0);
+    attnd_seq *s;
+    char err[256];
+    uint64_t owner = 1;
+    attnd_cache_set_window(c, 64);
+    cr_assert_eq(attnd_cache_create(c, 1, 1, &s), ATTND_ERR_OK);
+    grow(c, s, 100, NULL);
+    for (int i = 0; i < 190; i++)
+        grow(c, s, 1, NULL);
+    /* 290 tokens: the next query (position 290) sees keys 227..290, from block 14 on */
+    cr_assert_eq(s->num_tokens, 290);
+    cr_assert_eq(s->base, 14);
+    cr_assert_eq(s->nblocks, 5, "holds %u blocks, not the 19 its length covers", s->nblocks);
+    cr_assert_eq(attnd_cache_blocks_free(c), NB - 5);
+    cr_assert_eq(attnd_cache_slot(c, s, 224), (int64_t)s->blocks[0] * BS);
+    check_invariants(c, &owner, 1);
+    /* far past max_blocks_per_seq (8) x block size: only the held blocks count */
+    for (int i = 0; i < 40; i++)
+        grow(c, s, 25, NULL);
+    cr_assert_eq(s->num_tokens, 1290);
+    cr_assert_leq(s->nblocks, 6);
+    /* a prefill chunk that would hold more than 8 blocks is still refused */
+    attnd_cache_copy cow;
+    cr_assert_eq(attnd_cache_reserve(c, s, 100, &cow), ATTND_ERR_INVALID_ARGUMENT);
+    /* rollback within the window is fine; past what was released it is refused */
+    cr_assert_eq(attnd_cache_truncate(c, s, 5, "tokens", err, sizeof err), ATTND_ERR_OK);
+    cr_assert_eq(attnd_cache_truncate(c, s, 60, "tokens", err, sizeof err),
+                 ATTND_ERR_FAILED_PRECONDITION);
+    cr_assert(strstr(err, "the window released every key before"), "%s", err);
+    check_invariants(c, &owner, 1);
+    /* no window: nothing is released */
+    attnd_cache_set_window(c, 0);
+    attnd_seq *t;
+    cr_assert_eq(attnd_cache_create(c, 1, 2, &t), ATTND_ERR_OK);
+    grow(c, t, 100, NULL);
+    cr_assert_eq(t->nblocks, 7);
+    cr_assert_eq(t->base, 0);
     attnd_cache_free(c);
 }

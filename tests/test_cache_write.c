@@ -12,7 +12,8 @@
 #include "suite.h"
 
 static const attnd_dtype SRC[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
-static const attnd_dtype CACHE[3] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3};
+static const attnd_dtype CACHE[4] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3,
+                                     ATTND_DTYPE_F32};
 
 typedef struct cw_case {
     int64_t tokens, heads, d, bs, blocks;
@@ -120,6 +121,8 @@ static float expected(double x, attnd_dtype cache, float scale)
 {
     float f = (float)x;
     switch (cache) {
+    case ATTND_DTYPE_F32:
+        return f;
     case ATTND_DTYPE_F16:
         return attnd_f16_to_f32(attnd_f32_to_f16(f));
     case ATTND_DTYPE_BF16:
@@ -192,11 +195,11 @@ Test(cache_write, round_trip_every_dtype_pair, .timeout = 120)
 {
     attnd_backend *b = attnd_test_open_cpu(3);
     for (int si = 0; si < 3; si++) {
-        for (int ci = 0; ci < 3; ci++) {
+        for (int ci = 0; ci < 4; ci++) {
             cw_case c;
             cw_defaults(&c);
             c.src = SRC[si], c.cache = CACHE[ci];
-            check_write(b, &c, 10 + (uint64_t)(si * 3 + ci), 1.0);
+            check_write(b, &c, 10 + (uint64_t)(si * 4 + ci), 1.0);
         }
     }
     attnd_backend_close(b);

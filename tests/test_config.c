@@ -33,6 +33,7 @@ static void expect_load(const char *json, attnd_err code, const char *want)
     cr_assert_eq(rv, code, "%s -> %s (%s)", json, attnd_err_name(rv), err);
     if (want)
         cr_assert_not_null(strstr(err, want), "%s: message \"%s\" lacks \"%s\"", json, err, want);
+    if (rv == ATTND_ERR_OK) attnd_config_fini(&c);
 }
 
 Test(config, defaults_are_the_small_cpu_geometry, .timeout = 60)
@@ -61,13 +62,15 @@ Test(config, defaults_are_the_small_cpu_geometry, .timeout = 60)
 Test(config, shipped_files_load, .timeout = 60)
 {
     static const char *files[] = {"config/attnd.json", "config/examples/llama-3-8b.json",
-                                  "config/examples/mistral-7b-fp8.json"};
+                                  "config/examples/mistral-7b-fp8.json",
+                                  "config/examples/gemma-2-9b.json"};
     attnd_config c, d;
     char path[1024];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         repo_path(path, sizeof path, files[i]);
         cr_assert_eq(attnd_config_load_file(&c, path, err, sizeof err), ATTND_ERR_OK, "%s: %s",
                      files[i], err);
+        attnd_config_fini(&c);
     }
     /* the default file spells out the table's defaults */
     repo_path(path, sizeof path, "config/attnd.json");
@@ -321,6 +324,40 @@ static size_t schema_walk(json_t *obj, const char *prefix, schema_key *out, size
     return n;
 }
 
+static void check_schema_number(const attnd_cfg_key *k, json_t *v, const char *name)
+{
+    cr_assert_float_eq(json_number_value(json_object_get(v, "minimum")), k->min,
+                       1e-6 * fabs(k->min) + 1e-40, "%s: minimum", name);
+    cr_assert_float_eq(json_number_value(json_object_get(v, "maximum")), k->max,
+                       1e-6 * fabs(k->max), "%s: maximum", name);
+}
+
+/* geometry.layers: default [], its items' keys exactly the parser's layer keys, with their types
+ * and bounds. */
+static void check_schema_layers(json_t *v)
+{
+    size_t nk;
+    const attnd_cfg_key *keys = attnd_config_layer_keys(&nk);
+    json_t *def = json_object_get(v, "default"), *items = json_object_get(v, "items");
+    cr_assert(json_is_array(def) && json_array_size(def) == 0, "geometry.layers: default []");
+    cr_assert(json_is_false(json_object_get(items, "additionalProperties")));
+    json_t *props = json_object_get(items, "properties");
+    cr_assert_eq(json_object_size(props), nk, "geometry.layers: item keys");
+    for (size_t i = 0; i < nk; i++) {
+        json_t *p = json_object_get(props, keys[i].name);
+        cr_assert_not_null(p, "geometry.layers[].%s is not in the schema", keys[i].name);
+        json_t *type = json_object_get(p, "type");
+        if (keys[i].type == ATTND_CFG_ALIBI) {
+            cr_assert(json_is_array(type) && json_array_size(type) == 2, "alibi_slopes: type");
+            continue;
+        }
+        cr_assert_str_eq(json_string_value(type), attnd_config_type_name(keys[i].type),
+                         "geometry.layers[].%s: type", keys[i].name);
+        if (keys[i].type == ATTND_CFG_U32 || keys[i].type == ATTND_CFG_F32)
+            check_schema_number(&keys[i], p, keys[i].name);
+    }
+}
+
 static void check_schema_key(const attnd_cfg_key *k, json_t *v)
 {
     const char *type = json_string_value(json_object_get(v, "type"));
@@ -329,11 +366,10 @@ static void check_schema_key(const attnd_cfg_key *k, json_t *v)
     cr_assert_not_null(def, "%s: no default", k->name);
     cr_assert_str_eq(json_string_value(json_object_get(v, "x-attnd-reload")),
                      k->live ? "live" : "restart", "%s: reload", k->name);
-    if (k->type == ATTND_CFG_U32 || k->type == ATTND_CFG_U64 || k->type == ATTND_CFG_F32) {
-        cr_assert_float_eq(json_number_value(json_object_get(v, "minimum")), k->min,
-                           1e-6 * fabs(k->min) + 1e-40, "%s: minimum", k->name);
-        cr_assert_float_eq(json_number_value(json_object_get(v, "maximum")), k->max,
-                           1e-6 * fabs(k->max), "%s: maximum", k->name);
+    if (k->type == ATTND_CFG_LAYERS) {
+        check_schema_layers(v);
+    } else if (k->type == ATTND_CFG_U32 || k->type == ATTND_CFG_U64 || k->type == ATTND_CFG_F32) {
+        check_schema_number(k, v, k->name);
         cr_assert_float_eq(json_number_value(def), k->def_num, 1e-9, "%s: default", k->name);
     } else if (k->type == ATTND_CFG_BOOL) {
         cr_assert_eq(json_is_true(def), k->def_num != 0, "%s: default", k->name);
@@ -375,4 +411,110 @@ Test(config, schema_and_table_describe_the_same_keys, .timeout = 60)
     }
     cr_assert_eq(nschema, ntable);
     json_decref(root);
+}
+
+/* ---------------------------------------------------------------- geometry.layers */
+
+Test(config, layers_repeat_and_resolve_over_the_global_keys, .timeout = 60)
+{
+    attnd_config c;
+    attnd_cfg_layer l;
+    /* Gemma-2's pattern over 6 layers, with a global softcap and scale; layer 1 of 3 has its own
+     * ALiBi slopes and sinks */
+    const char *json = "{\"geometry\": {\"num_layers\": 6, \"num_q_heads\": 2, \"num_kv_heads\": 1,"
+                       " \"softcap\": 50, \"scale\": 0.25, \"cache_dtype\": \"f32\", \"layers\": ["
+                       "{\"sliding_window\": 4096}, {}]}}";
+    cr_assert_eq(attnd_config_load_string(&c, json, err, sizeof err), ATTND_ERR_OK, "%s", err);
+    cr_assert_eq(c.geometry.cache_dtype, ATTND_DTYPE_F32);
+    for (uint32_t i = 0; i < 6; i++) {
+        attnd_config_layer(&c.geometry, i, &l);
+        cr_assert_eq(l.sliding_window, i % 2 ? 0u : 4096u, "layer %u", i);
+        cr_assert_eq(l.softcap, 50.0f);
+        cr_assert_eq(l.scale, 0.25f);
+        cr_assert_eq(l.alibi, ATTND_CFG_ALIBI_OFF);
+        cr_assert_null(l.sinks);
+    }
+    attnd_config_fini(&c);
+    cr_assert_null(c.geometry.layers);
+    json = "{\"geometry\": {\"num_layers\": 3, \"num_q_heads\": 2, \"num_kv_heads\": 1,"
+           " \"alibi\": true, \"layers\": [{\"alibi_slopes\": false, \"scale\": 0},"
+           " {\"alibi_slopes\": [0.5, 0.25], \"sinks\": [1.5, -2], \"softcap\": 30, \"k_scale\": 2,"
+           " \"v_scale\": 0.5, \"scale\": 0.125}, {\"alibi_slopes\": true}]}}";
+    cr_assert_eq(attnd_config_load_string(&c, json, err, sizeof err), ATTND_ERR_OK, "%s", err);
+    attnd_config_layer(&c.geometry, 0, &l);
+    cr_assert_eq(l.alibi, ATTND_CFG_ALIBI_OFF);
+    cr_assert_float_eq(l.scale, 0.125f, 1e-7, "scale 0 is 1/sqrt(head_size 64)");
+    attnd_config_layer(&c.geometry, 1, &l);
+    cr_assert_eq(l.alibi, ATTND_CFG_ALIBI_GIVEN);
+    cr_assert_eq(l.num_alibi_slopes, 2);
+    cr_assert_eq(l.alibi_slopes[1], 0.25f);
+    cr_assert_eq(l.num_sinks, 2);
+    cr_assert_eq(l.sinks[0], 1.5f);
+    cr_assert_eq(l.sinks[1], -2.0f);
+    cr_assert_eq(l.softcap, 30.0f);
+    cr_assert_eq(l.k_scale, 2.0f);
+    cr_assert_eq(l.v_scale, 0.5f);
+    attnd_config_layer(&c.geometry, 2, &l);
+    cr_assert_eq(l.alibi, ATTND_CFG_ALIBI_STANDARD);
+    cr_assert_null(l.sinks);
+    cr_assert_eq(l.k_scale, 1.0f);
+    attnd_config_fini(&c);
+    /* [] is no overrides */
+    cr_assert_eq(attnd_config_load_string(&c, "{\"geometry\": {\"layers\": []}}", err, sizeof err),
+                 ATTND_ERR_OK);
+    cr_assert_null(c.geometry.layers);
+}
+
+Test(config, layer_errors_name_the_entry_and_key, .timeout = 60)
+{
+#define G(x) "{\"geometry\": {\"num_layers\": 4, \"num_q_heads\": 2, \"num_kv_heads\": 1, " x "}}"
+    expect_load(G("\"layers\": [{}, {}, {}, {\"softcap\": -1}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[3].softcap: -1 out of range (0..1e+06)");
+    expect_load(G("\"layers\": [{\"sliding_window\": 1.5}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sliding_window: expected an integer");
+    expect_load(G("\"layers\": [{}, {\"windw\": 3}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "unknown key: geometry.layers[1].windw");
+    expect_load(G("\"layers\": [{}, {}, {}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers: 3 entries do not divide geometry.num_layers (4)");
+    expect_load(G("\"layers\": [{}, {}, {}, {}, {}, {}, {}, {}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers: 8 entries do not divide");
+    expect_load(G("\"layers\": [{\"sinks\": [1, 2, 3]}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sinks: 3 entries, geometry.num_q_heads is 2");
+    expect_load(G("\"layers\": [{}, {\"alibi_slopes\": [1]}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[1].alibi_slopes: 1 entries, geometry.num_q_heads is 2");
+    expect_load(G("\"layers\": [{\"sinks\": [1, \"x\"]}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sinks[1]: not a finite number");
+    expect_load(G("\"layers\": [{\"sinks\": [1, 1e300]}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sinks[1]: not a finite number");
+    expect_load(G("\"layers\": [{\"sinks\": []}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sinks: 0 entries");
+    expect_load(G("\"layers\": [{\"sinks\": true}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].sinks: expected an array of numbers");
+    expect_load(G("\"layers\": [{\"alibi_slopes\": \"std\"}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].alibi_slopes: expected an array of numbers");
+    expect_load(G("\"layers\": [3]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0]: expected an object");
+    expect_load(G("\"layers\": {\"sliding_window\": 3}"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers: expected an array of objects");
+    expect_load(G("\"layers\": [{\"k_scale\": 0}]"), ATTND_ERR_INVALID_ARGUMENT,
+                "geometry.layers[0].k_scale: 0 out of range");
+#undef G
+}
+
+Test(config, reload_names_changed_layers_as_restart, .timeout = 60)
+{
+    attnd_config cur, next;
+    char restart[256];
+    const char *a = "{\"geometry\": {\"layers\": [{\"sinks\": [1, 2, 3, 4, 5, 6, 7, 8]}, {}]}}";
+    const char *b = "{\"geometry\": {\"layers\": [{\"sinks\": [1, 2, 3, 4, 5, 6, 7, 9]}, {}]}}";
+    cr_assert_eq(attnd_config_load_string(&cur, a, err, sizeof err), ATTND_ERR_OK, "%s", err);
+    cr_assert_eq(attnd_config_load_string(&next, a, err, sizeof err), ATTND_ERR_OK);
+    cr_assert_eq(attnd_config_apply_live(&cur, &next, restart, sizeof restart), 0);
+    attnd_config_fini(&next);
+    cr_assert_eq(attnd_config_load_string(&next, b, err, sizeof err), ATTND_ERR_OK);
+    cr_assert_eq(attnd_config_apply_live(&cur, &next, restart, sizeof restart), 1);
+    cr_assert_str_eq(restart, "geometry.layers");
+    cr_assert_eq(cur.geometry.layers->entries[0].sinks[7], 8.0f, "the running layers stay");
+    attnd_config_fini(&next);
+    attnd_config_fini(&cur);
 }

@@ -194,7 +194,8 @@ Test(metrics, request_types_follow_the_proto_field_numbers, .timeout = 120)
     cr_assert_eq(attnd_metrics_req_from_field(0), ATTND_METRICS_REQ_INVALID);
     cr_assert_eq(attnd_metrics_req_from_field(9), ATTND_METRICS_REQ_INVALID);
     cr_assert_eq(attnd_metrics_req_from_field(29), ATTND_METRICS_REQ_WAKE_CHANNEL);
-    cr_assert_eq(attnd_metrics_req_from_field(30), ATTND_METRICS_REQ_INVALID);
+    cr_assert_eq(attnd_metrics_req_from_field(30), ATTND_METRICS_REQ_TRUNCATE);
+    cr_assert_eq(attnd_metrics_req_from_field(31), ATTND_METRICS_REQ_INVALID);
     cr_assert_str_eq(attnd_metrics_req_label(ATTND_METRICS_REQ_BEGIN_STEP), "begin_step");
     cr_assert_str_eq(attnd_metrics_req_label((attnd_metrics_req)-1), "invalid");
 }

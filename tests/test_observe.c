@@ -117,3 +117,42 @@ Test(observe, http_starts_when_configured_and_a_bad_address_names_the_key, .time
     cr_assert_not_null(strstr(err, "http.listen"), "%s", err);
     attnd_observe_free(obs);
 }
+
+/* /status: the whole geometry, every layer resolved in the config's own keys. */
+Test(observe, status_reports_every_layer, .timeout = 60)
+{
+    attnd_config cfg;
+    attnd_log lg = quiet_log();
+    attnd_observe *obs = NULL;
+    char err[256], small[64];
+    size_t len = 0;
+    const char *json = "{\"geometry\": {\"num_layers\": 4, \"num_q_heads\": 2, \"num_kv_heads\": 1,"
+                       " \"softcap\": 50, \"layers\": [{\"sliding_window\": 4096, \"sinks\": [1, "
+                       "-2.5]}, {\"alibi_slopes\": true, \"scale\": 0.5}]}}";
+    cr_assert_eq(attnd_config_load_string(&cfg, json, err, sizeof err), ATTND_ERR_OK, "%s", err);
+    cr_assert_eq(attnd_observe_alloc(&obs, &cfg, &lg), ATTND_ERR_OK);
+    size_t cap = 1 << 16;
+    char *buf = malloc(cap);
+    cr_assert_eq(attnd_observe_status_json(obs, buf, cap, &len), ATTND_ERR_OK);
+    json_error_t je;
+    json_t *root = json_loadb(buf, len, 0, &je);
+    cr_assert_not_null(root, "%s: %s", je.text, buf);
+    json_t *g = json_object_get(root, "geometry"), *layers = json_object_get(g, "layers");
+    cr_assert_eq(json_array_size(layers), 4);
+    json_t *l2 = json_array_get(layers, 2), *l1 = json_array_get(layers, 1);
+    cr_assert_eq(json_integer_value(json_object_get(l2, "sliding_window")), 4096);
+    cr_assert_float_eq(json_number_value(json_object_get(l2, "softcap")), 50.0, 1e-9);
+    json_t *sinks = json_object_get(l2, "sinks");
+    cr_assert_float_eq(json_number_value(json_array_get(sinks, 1)), -2.5, 1e-9);
+    cr_assert(json_is_true(json_object_get(l1, "alibi_slopes")));
+    cr_assert_float_eq(json_number_value(json_object_get(l1, "scale")), 0.5, 1e-9);
+    cr_assert_null(json_object_get(l1, "sinks"));
+    cr_assert_eq(json_integer_value(json_object_get(g, "window_release")), 0);
+    json_decref(root);
+    /* too small a buffer: NO_MEMORY with the length it needs */
+    cr_assert_eq(attnd_observe_status_json(obs, small, sizeof small, &len), ATTND_ERR_NO_MEMORY);
+    cr_assert_gt(len, sizeof small);
+    free(buf);
+    attnd_observe_free(obs);
+    attnd_config_fini(&cfg);
+}

@@ -1,8 +1,8 @@
 /* Paged attention, 2D and 3D (split-KV + reduce), on the CPU backend against the float64 naive
  * reference (support/ref_paged.c): fresh random inputs on many small shapes, every dtype pair,
- * masks and logit transforms, strided views, shuffled block tables, 3D = 2D for every segment
- * count, and empty segments marked in the workspace. Outputs and workspaces are poisoned (NaN)
- * before each run, and the cache holds NaN wherever no key lives, so a kernel that writes too
+ * masks, logit transforms and sinks, strided views, shuffled block tables, 3D = 2D for every
+ * segment count, and empty segments marked in the workspace. Outputs and workspaces are poisoned
+ * (NaN) before each run, and the cache holds NaN wherever no key lives, so a kernel that writes too
  * little or reads too much fails. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -29,6 +29,7 @@ typedef struct pcase {
     int32_t window;
     float softcap;
     int alibi, lse;
+    int sinks;     /* one sink logit per q head (head 0's -inf, i.e. none, when sinks == 2) */
     int layout;    /* q, out and out_lse: dense, padded rows, or heads-outer (transposed) */
     int cache_hnd; /* caches stored [blocks][kv_heads][block_size][d] (strided view) */
     float k_scale, v_scale;
@@ -36,13 +37,14 @@ typedef struct pcase {
 } pcase;
 
 typedef struct pbufs {
-    attnd_test_tensor q, k, v, out, lse, bt, sl, qsl, alibi;
+    attnd_test_tensor q, k, v, out, lse, bt, sl, qsl, alibi, sinks;
     attnd_paged_params p;
     int64_t num_tokens, max_blocks;
 } pbufs;
 
 static const attnd_dtype QDT[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
-static const attnd_dtype CDT[3] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3};
+static const attnd_dtype CDT[4] = {ATTND_DTYPE_F16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3,
+                                   ATTND_DTYPE_F32};
 
 static int64_t cdiv(int64_t a, int64_t b)
 {
@@ -93,9 +95,9 @@ static void describe(const pcase *c, char *buf, size_t n)
 {
     int k = snprintf(buf, n,
                      "hq=%d hkv=%d d=%d bs=%d q=%s cache=%s out=%s win=%d cap=%g alibi=%d "
-                     "layout=%d hnd=%d seqs(q/ctx):",
+                     "sinks=%d layout=%d hnd=%d seqs(q/ctx):",
                      c->hq, c->hkv, c->d, c->bs, attnd_dtype_name(c->qdt), attnd_dtype_name(c->cdt),
-                     attnd_dtype_name(c->odt), c->window, c->softcap, c->alibi, c->layout,
+                     attnd_dtype_name(c->odt), c->window, c->softcap, c->alibi, c->sinks, c->layout,
                      c->cache_hnd);
     for (int32_t s = 0; s < c->num_seqs && k > 0 && (size_t)k < n; s++)
         k += snprintf(buf + k, n - (size_t)k, " %d/%d", c->qlen[s], c->ctx[s]);
@@ -223,6 +225,15 @@ static void build_lengths(pbufs *pb, const pcase *c, attnd_rng *r)
         for (int64_t h = 0; h < n; h++)
             attnd_tt_set(&pb->alibi, &h, attnd_rng_uniform(r, .02, .8));
     }
+    if (c->sinks) {
+        /* around the logits' own range, so that some heads' sinks dominate and some barely
+         * count */
+        int64_t n = c->hq;
+        attnd_tt_alloc(&pb->sinks, ATTND_DTYPE_F32, 1, &n);
+        for (int64_t h = 0; h < n; h++)
+            attnd_tt_set(&pb->sinks, &h, attnd_rng_uniform(r, -3.0, 4.0));
+        if (c->sinks == 2) ((float *)pb->sinks.buf)[0] = -INFINITY;
+    }
 }
 
 static void pb_build(pbufs *pb, const pcase *c, attnd_rng *r)
@@ -240,7 +251,7 @@ static void pb_build(pbufs *pb, const pcase *c, attnd_rng *r)
     attnd_paged_params *p = &pb->p;
     p->q = pb->q.t, p->k_cache = pb->k.t, p->v_cache = pb->v.t, p->out = pb->out.t;
     p->out_lse = pb->lse.t, p->block_tables = pb->bt.t, p->seq_lens = pb->sl.t;
-    p->query_start_loc = pb->qsl.t, p->alibi_slopes = pb->alibi.t;
+    p->query_start_loc = pb->qsl.t, p->alibi_slopes = pb->alibi.t, p->sinks = pb->sinks.t;
     p->scale = (float)(1.0 / sqrt((double)c->d));
     p->k_scale = c->k_scale, p->v_scale = c->v_scale;
     p->softcap = c->softcap, p->sliding_window = c->window;
@@ -248,8 +259,8 @@ static void pb_build(pbufs *pb, const pcase *c, attnd_rng *r)
 
 static void pb_free(pbufs *pb)
 {
-    attnd_test_tensor *all[] = {&pb->q,  &pb->k,  &pb->v,   &pb->out,  &pb->lse,
-                                &pb->bt, &pb->sl, &pb->qsl, &pb->alibi};
+    attnd_test_tensor *all[] = {&pb->q,  &pb->k,  &pb->v,   &pb->out,   &pb->lse,
+                                &pb->bt, &pb->sl, &pb->qsl, &pb->alibi, &pb->sinks};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         attnd_tt_free(all[i]);
 }
@@ -401,15 +412,16 @@ Test(paged, every_dtype_pair, .timeout = 120)
     static const attnd_dtype odts[3] = {ATTND_DTYPE_F32, ATTND_DTYPE_F16, ATTND_DTYPE_BF16};
     attnd_backend *b = attnd_test_open_cpu(3);
     for (int qi = 0; qi < 3; qi++) {
-        for (int ci = 0; ci < 3; ci++) {
+        for (int ci = 0; ci < 4; ci++) {
             for (int oi = 0; oi < 3; oi++) {
                 attnd_rng r;
                 pcase c;
-                uint64_t seed = 500 + (uint64_t)(qi * 9 + ci * 3 + oi);
+                uint64_t seed = 500 + (uint64_t)(qi * 12 + ci * 3 + oi);
                 attnd_rng_seed(&r, seed);
                 case_defaults(&c);
                 case_batch(&c, &r, BATCH_MIXED);
                 c.qdt = QDT[qi], c.cdt = CDT[ci], c.odt = odts[oi];
+                c.sinks = (qi + ci + oi) % 2;
                 c.d = 48;
                 check_case(b, &c, seed + 1000, SOME_SEGS + 1, 1);
             }
@@ -484,6 +496,61 @@ Test(paged, sliding_window_softcap_and_alibi, .timeout = 120)
     attnd_backend_close(b);
 }
 
+/* Sinks alone and with every other option, on every cache dtype, 2D and 3D (the sink joins the
+ * denominator once, after the segments merge). */
+Test(paged, sinks_alone_and_with_every_option, .timeout = 120)
+{
+    attnd_backend *b = attnd_test_open_cpu(3);
+    for (int f = 0; f < 8; f++) {
+        for (int i = 0; i < 4; i++) {
+            attnd_rng r;
+            pcase c;
+            uint64_t seed = 1100 + (uint64_t)(f * 10 + i);
+            attnd_rng_seed(&r, seed);
+            case_defaults(&c);
+            case_batch(&c, &r, i == 0 ? BATCH_DECODE : BATCH_MIXED);
+            c.sinks = 1 + (i & 1);
+            c.window = (f & 1) ? (int32_t)attnd_rng_int(&r, 1, 40) : 0;
+            c.softcap = (f & 2) ? (float)attnd_rng_uniform(&r, 1.0, 8.0) : 0.0f;
+            c.alibi = (f & 4) != 0;
+            c.q_sigma = (f & 2) ? 4.0 : 1.5;
+            c.cdt = CDT[i];
+            check_case(b, &c, seed + 1000, SOME_SEGS, NSOME);
+        }
+    }
+    attnd_backend_close(b);
+}
+
+/* An f32 cache holds exactly what was written: with f32 queries and output the kernel is the
+ * float64 reference up to f32 accumulation (far tighter than the bf16-cache bound). */
+Test(paged, f32_cache_is_exact_f32, .timeout = 120)
+{
+    attnd_backend *b = attnd_test_open_cpu(3);
+    for (int i = 0; i < 4; i++) {
+        attnd_rng r;
+        pcase c;
+        pbufs pb;
+        attnd_rng_seed(&r, 1150 + (uint64_t)i);
+        case_defaults(&c);
+        case_batch(&c, &r, BATCH_MIXED);
+        c.qdt = c.odt = ATTND_DTYPE_F32, c.cdt = ATTND_DTYPE_F32;
+        c.sinks = i & 1, c.window = (i & 2) ? 17 : 0;
+        pb_build(&pb, &c, &r);
+        int64_t n = pb.num_tokens * c.hq;
+        double *ref = calloc((size_t)(n * c.d + 1), sizeof *ref);
+        double *rlse = calloc((size_t)(n + 1), sizeof *rlse);
+        attnd_ref_paged(&pb.p, ref, rlse);
+        run_2d(b, &pb);
+        expect_matches(&pb, &c, ref, rlse, 2e-6, "2d f32");
+        free(run_3d(b, &pb, 3));
+        expect_matches(&pb, &c, ref, rlse, 2e-6, "3d/3 f32");
+        free(ref);
+        free(rlse);
+        pb_free(&pb);
+    }
+    attnd_backend_close(b);
+}
+
 /* The features tests above would pass vacuously if a feature changed nothing on these inputs. */
 Test(paged, features_change_the_result, .timeout = 120)
 {
@@ -494,18 +561,23 @@ Test(paged, features_change_the_result, .timeout = 120)
     case_defaults(&c);
     case_batch(&c, &r, BATCH_CHUNKED);
     c.alibi = 1;
+    c.sinks = 1;
     c.q_sigma = 4.0;
     pb_build(&pb, &c, &r);
+    for (int64_t h = 0; h < c.hq; h++) /* as large as these inputs' largest logits */
+        ((float *)pb.sinks.buf)[h] = 10.0f;
     int64_t n = pb.num_tokens * c.hq * c.d;
     double *base = calloc((size_t)n, sizeof *base), *alt = calloc((size_t)n, sizeof *alt);
     attnd_paged_params plain = pb.p;
     plain.alibi_slopes.data = NULL;
+    plain.sinks.data = NULL;
     attnd_ref_paged(&plain, base, NULL);
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 4; f++) {
         attnd_paged_params p = plain;
         if (f == 0) p.sliding_window = 5;
         if (f == 1) p.softcap = 2.0f;
         if (f == 2) p.alibi_slopes = pb.p.alibi_slopes;
+        if (f == 3) p.sinks = pb.p.sinks;
         attnd_ref_paged(&p, alt, NULL);
         cr_assert(attnd_rel_l2(alt, base, n) > 0.05, "feature %d barely changes the output", f);
     }
@@ -568,8 +640,9 @@ Test(paged, random_shapes_and_features, .timeout = 120)
         c.hkv = (int32_t)attnd_rng_int(&r, 1, 3);
         c.hq = c.hkv * ratios[attnd_rng_int(&r, 0, 3)];
         c.qdt = QDT[attnd_rng_int(&r, 0, 2)];
-        c.cdt = CDT[attnd_rng_int(&r, 0, 2)];
+        c.cdt = CDT[attnd_rng_int(&r, 0, 3)];
         c.odt = QDT[attnd_rng_int(&r, 0, 2)];
+        c.sinks = (int)attnd_rng_int(&r, 0, 2);
         c.window = attnd_rng_int(&r, 0, 1) ? (int32_t)attnd_rng_int(&r, 1, 60) : 0;
         c.softcap = attnd_rng_int(&r, 0, 1) ? (float)attnd_rng_uniform(&r, 2, 30) : 0.0f;
         c.alibi = (int)attnd_rng_int(&r, 0, 1);

@@ -2,6 +2,7 @@
  * blocks; the split into launches (decode runs -> 3D with enough segments, others -> 2D, one
  * launch per run of one kind, offsets rebased); the workspace size and its checks. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,6 +273,9 @@ Test(plan, params_slice_each_launch_and_point_into_the_index, .timeout = 60)
     attnd_plan_layer l = host_layer(q, NULL, NULL, out, lse, 32, NULL, NULL, 64);
     l.softcap = 30.0f;
     l.sliding_window = 7;
+    static float sinks[8];
+    int64_t hq = 8;
+    attnd_tensor_init(&l.sinks, sinks, ATTND_DTYPE_F32, 1, &hq);
     attnd_paged_params pp;
     attnd_plan_paged_params(&p, index, 1, &l, &pp); /* the prefill: rows 1..30, sequence 1 */
     cr_assert_eq(pp.q.data, (void *)(q + 1 * 8 * 64));
@@ -293,6 +297,7 @@ Test(plan, params_slice_each_launch_and_point_into_the_index, .timeout = 60)
     cr_assert_eq(pp.softcap, 30.0f);
     cr_assert_eq(pp.sliding_window, 7);
     cr_assert_null(pp.alibi_slopes.data);
+    cr_assert_eq(pp.sinks.data, (void *)sinks, "the layer's sinks go to every launch");
     attnd_cache_write_params cw;
     attnd_plan_cache_write_params(&p, index, &l, &cw);
     cr_assert_eq(cw.slot_mapping.data, (void *)index, "the slot mapping opens the index");
@@ -334,6 +339,10 @@ Test(plan, a_run_of_split_launches_matches_one_2d_launch, .timeout = 60)
     void *ws3d = malloc(split.workspace_3d);
     attnd_plan_layer l1 = host_layer(q, k, v, o1, lse1, T, kc, vc, NB);
     attnd_plan_layer l2 = host_layer(q, k, v, o2, lse2, T, kc, vc, NB);
+    float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -INFINITY, 3.0f, 0.25f};
+    int64_t hq = 8;
+    attnd_tensor_init(&l1.sinks, sinks, ATTND_DTYPE_F32, 1, &hq); /* once per row, also in 3D */
+    l2.sinks = l1.sinks;
     cr_assert_eq(attnd_plan_run_layer(be, &split, split.slot_mapping, &l1, ws3d), ATTND_ERR_OK,
                  "%s", attnd_backend_last_error(be));
     cr_assert_eq(attnd_plan_run_layer(be, &one, one.slot_mapping, &l2, NULL), ATTND_ERR_OK);

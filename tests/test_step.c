@@ -38,7 +38,7 @@ static void setup(fixture *f)
     cr_assert_eq(attnd_config_load_string(&cfg, json, err, sizeof err), ATTND_ERR_OK, "%s", err);
     attnd_log_init(&f->log, ATTND_LOG_ERROR, NULL);
     cr_assert_eq(attnd_backend_open(&f->be, "cpu", &bo), ATTND_ERR_OK);
-    cr_assert_eq(attnd_serve_alloc(&f->sv, &cfg, f->be, 1, &f->log), ATTND_ERR_OK);
+    cr_assert_eq(attnd_serve_alloc(&f->sv, &cfg, f->be, 1, &f->log, err, sizeof err), ATTND_ERR_OK);
 }
 
 static void teardown(fixture *f)

@@ -12,7 +12,7 @@
 /* Two sequences: a decode after 20 cached tokens (2 blocks) and a 3-token prefill (1 block). */
 typedef struct pfix {
     attnd_backend *b;
-    attnd_test_tensor q, k, v, out, lse, bt, sl, qsl, alibi;
+    attnd_test_tensor q, k, v, out, lse, bt, sl, qsl, alibi, sinks;
     attnd_paged_params p;
     void *ws;
 } pfix;
@@ -41,6 +41,8 @@ static void pfix_init(pfix *f)
     attnd_tt_alloc(&f->sl, ATTND_DTYPE_I32, 1, &two);
     attnd_tt_alloc(&f->qsl, ATTND_DTYPE_I32, 1, &three);
     attnd_tt_alloc(&f->alibi, ATTND_DTYPE_F32, 1, &four);
+    attnd_tt_alloc(&f->sinks, ATTND_DTYPE_F32, 1, &four);
+    attnd_tt_fill_normal(&f->sinks, &r, 1.0, 1.0);
     attnd_tt_fill_normal(&f->q, &r, 1.0, 1.0);
     attnd_tt_fill_normal(&f->k, &r, 1.0, 1.0);
     attnd_tt_fill_normal(&f->v, &r, 1.0, 1.0);
@@ -51,7 +53,7 @@ static void pfix_init(pfix *f)
     attnd_paged_params *p = &f->p;
     p->q = f->q.t, p->k_cache = f->k.t, p->v_cache = f->v.t, p->out = f->out.t;
     p->out_lse = f->lse.t, p->block_tables = f->bt.t, p->seq_lens = f->sl.t;
-    p->query_start_loc = f->qsl.t, p->alibi_slopes = f->alibi.t;
+    p->query_start_loc = f->qsl.t, p->alibi_slopes = f->alibi.t, p->sinks = f->sinks.t;
     p->scale = 0.17f, p->k_scale = 0.5f, p->v_scale = 2.0f;
     p->sliding_window = 8, p->softcap = 20.0f;
     p->max_query_len = 3, p->max_seq_len = 21;
@@ -61,8 +63,8 @@ static void pfix_init(pfix *f)
 
 static void pfix_fini(pfix *f)
 {
-    attnd_test_tensor *all[] = {&f->q,  &f->k,  &f->v,   &f->out,  &f->lse,
-                                &f->bt, &f->sl, &f->qsl, &f->alibi};
+    attnd_test_tensor *all[] = {&f->q,  &f->k,  &f->v,   &f->out,   &f->lse,
+                                &f->bt, &f->sl, &f->qsl, &f->alibi, &f->sinks};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         attnd_tt_free(all[i]);
     attnd_backend_free(f->b, f->ws);
@@ -112,7 +114,7 @@ Test(validate_paged, valid_descriptor_passes, .timeout = 120)
     cr_assert_eq(attnd_paged_attention_3d(f.b, &f.p, 4, f.ws), ATTND_ERR_OK, "%s",
                  attnd_backend_last_error(f.b));
     /* optional tensors absent, features off */
-    f.p.out_lse.data = NULL, f.p.alibi_slopes.data = NULL;
+    f.p.out_lse.data = NULL, f.p.alibi_slopes.data = NULL, f.p.sinks.data = NULL;
     f.p.sliding_window = 0, f.p.softcap = 0.0f;
     cr_assert_eq(attnd_paged_attention_2d(f.b, &f.p), ATTND_ERR_OK);
     /* table entries past a sequence's blocks are never read, so garbage there is fine */
@@ -149,7 +151,7 @@ Test(validate_paged, wrong_dtypes, .timeout = 120)
     EXPECT_BAD("q: dtype fp8_e4m3", f.p.q.dtype = ATTND_DTYPE_FP8_E4M3);
     EXPECT_BAD("q: dtype ?", f.p.q.dtype = (attnd_dtype)99);
     EXPECT_BAD("q: dtype ?", f.p.q.dtype = (attnd_dtype)-3);
-    EXPECT_BAD("k_cache: dtype f32", f.p.k_cache.dtype = ATTND_DTYPE_F32);
+    EXPECT_BAD("k_cache: dtype i64", f.p.k_cache.dtype = ATTND_DTYPE_I64);
     EXPECT_BAD("v_cache: dtype bf16 differs", f.p.v_cache.dtype = ATTND_DTYPE_BF16);
     EXPECT_BAD("out: dtype fp8_e4m3", f.p.out.dtype = ATTND_DTYPE_FP8_E4M3);
     EXPECT_BAD("out_lse: dtype f16", f.p.out_lse.dtype = ATTND_DTYPE_F16);
@@ -157,6 +159,48 @@ Test(validate_paged, wrong_dtypes, .timeout = 120)
     EXPECT_BAD("seq_lens: dtype f32", f.p.seq_lens.dtype = ATTND_DTYPE_F32);
     EXPECT_BAD("query_start_loc: dtype i64", f.p.query_start_loc.dtype = ATTND_DTYPE_I64);
     EXPECT_BAD("alibi_slopes: dtype bf16", f.p.alibi_slopes.dtype = ATTND_DTYPE_BF16);
+    EXPECT_BAD("sinks: dtype f16", f.p.sinks.dtype = ATTND_DTYPE_F16);
+}
+
+Test(validate_paged, sinks, .timeout = 120)
+{
+    EXPECT_BAD("sinks: shape[0] is 3, expected 4", f.p.sinks.shape[0] = 3);
+    EXPECT_BAD("sinks: expected 1 dims", f.p.sinks.ndim = 2);
+    EXPECT_BAD("sinks[2]: nan is not a logit", ((float *)f.sinks.buf)[2] = NAN);
+    EXPECT_BAD("sinks[0]: inf is not a logit", ((float *)f.sinks.buf)[0] = INFINITY);
+    /* -inf is no sink for that head */
+    pfix f;
+    pfix_init(&f);
+    ((float *)f.sinks.buf)[1] = -INFINITY;
+    cr_assert_eq(attnd_paged_attention_2d(f.b, &f.p), ATTND_ERR_OK, "%s",
+                 attnd_backend_last_error(f.b));
+    pfix_fini(&f);
+}
+
+/* A backend without a feature refuses an op that needs it (UNSUPPORTED, naming it) before it
+ * writes anything; the cache write on an f32 cache likewise. */
+Test(validate_paged, features_the_backend_lacks, .timeout = 120)
+{
+    pfix f;
+    pfix_init(&f);
+    attnd_backend_ops bare = *f.b->ops;
+    const attnd_backend_ops *cpu = f.b->ops;
+    bare.features = 0;
+    f.b->ops = &bare;
+    attnd_tt_poison(&f.out);
+    cr_assert_eq(attnd_paged_attention_2d(f.b, &f.p), ATTND_ERR_UNSUPPORTED);
+    cr_assert(strstr(attnd_backend_last_error(f.b), "sinks: not implemented by backend cpu"));
+    cr_assert_eq(attnd_paged_attention_3d(f.b, &f.p, 4, f.ws), ATTND_ERR_UNSUPPORTED);
+    cr_assert(all_poisoned(&f.out));
+    f.p.sinks.data = NULL;
+    cr_assert_eq(attnd_paged_attention_2d(f.b, &f.p), ATTND_ERR_OK, "%s",
+                 attnd_backend_last_error(f.b));
+    f.p.k_cache.dtype = f.p.v_cache.dtype = ATTND_DTYPE_F32;
+    f.p.k_cache.shape[0] = f.p.v_cache.shape[0] = 1; /* the same bytes hold one f32 block */
+    cr_assert_eq(attnd_paged_attention_2d(f.b, &f.p), ATTND_ERR_UNSUPPORTED);
+    cr_assert(strstr(attnd_backend_last_error(f.b), "f32 cache is not implemented"));
+    f.b->ops = cpu;
+    pfix_fini(&f);
 }
 
 Test(validate_paged, ranks_and_strides, .timeout = 120)
@@ -438,6 +482,25 @@ Test(validate_cache_write, bad_descriptors, .timeout = 120)
     EXPECT_BAD_WRITE("key: innermost stride", f.p.key.strides[2] = 3);
     EXPECT_BAD_WRITE("k_scale: nan", f.p.k_scale = NAN);
     EXPECT_BAD_WRITE("v_scale: 0", f.p.v_scale = 0.0f);
+}
+
+/* f32 caches take the rows exactly (no scale); a backend without them refuses. */
+Test(validate_cache_write, f32_cache, .timeout = 120)
+{
+    cfix f;
+    cfix_init(&f);
+    f.p.k_cache.dtype = f.p.v_cache.dtype = ATTND_DTYPE_F32;
+    f.p.k_cache.shape[0] = f.p.v_cache.shape[0] = 1; /* the fp8 bytes hold one f32 block */
+    ((int64_t *)f.slots.buf)[2] = 15;
+    cr_assert_eq(attnd_cache_write(f.b, &f.p), ATTND_ERR_OK, "%s", attnd_backend_last_error(f.b));
+    attnd_backend_ops bare = *f.b->ops;
+    const attnd_backend_ops *cpu = f.b->ops;
+    bare.features = 0;
+    f.b->ops = &bare;
+    cr_assert_eq(attnd_cache_write(f.b, &f.p), ATTND_ERR_UNSUPPORTED);
+    cr_assert(strstr(attnd_backend_last_error(f.b), "f32 cache is not implemented by backend"));
+    f.b->ops = cpu;
+    cfix_fini(&f);
 }
 
 Test(validate_cache_write, slot_contents, .timeout = 120)

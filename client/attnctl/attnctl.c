@@ -37,6 +37,7 @@ static void usage(FILE *f)
         "  create ID...                create sequences\n"
         "  fork PARENT CHILD           fork a sequence (shared blocks, copy-on-write)\n"
         "  free ID...                  free sequences\n"
+        "  truncate ID N               drop the last N tokens of a sequence\n"
         "  query ID                    one sequence\n"
         "  attend Q.npy K.npy V.npy OUT.npy [--seqs ID:N[,ID:N...]] [--layer L]\n"
         "         [--dtype f32|f16|bf16] [--lse LSE.npy] [--inline]\n"
@@ -78,6 +79,39 @@ int attnctl_session(attnctl *ctl)
 
 /* ---------------------------------------------------------------- status, info */
 
+/* One layer's options in a line: "window 4096, softcap 50, scale 0.0625, ALiBi, 64 sinks". */
+static void describe_layer(const attnd_layer_opts *l, char *buf, size_t n)
+{
+    snprintf(buf, n, "window %u, softcap %g, scale %g, %s, %s sinks, k/v scales %g/%g",
+             l->sliding_window, (double)l->softcap, (double)l->scale,
+             l->alibi ? "ALiBi" : "no ALiBi", l->num_sinks ? "with" : "no", (double)l->k_scale,
+             (double)l->v_scale);
+}
+
+/* Every layer's options: one line when they are all alike, else a line per layer. */
+static void print_layers(const attnd_geometry *g)
+{
+    char first[256], cur[256];
+    uint32_t same = 1;
+    if (g->layers == NULL || g->num_layers == 0) return;
+    describe_layer(&g->layers[0], first, sizeof first);
+    for (uint32_t l = 1; l < g->num_layers && same; l++) {
+        describe_layer(&g->layers[l], cur, sizeof cur);
+        same = strcmp(cur, first) == 0 && g->layers[l].num_sinks == 0;
+    }
+    if (same && g->layers[0].num_sinks == 0) {
+        printf("layers:       all %u: %s\n", g->num_layers, first);
+    } else {
+        for (uint32_t l = 0; l < g->num_layers; l++) {
+            describe_layer(&g->layers[l], cur, sizeof cur);
+            printf("layer %-6u  %s\n", l, cur);
+        }
+    }
+    if (g->window_release)
+        printf("windowed:     blocks more than %u tokens behind a sequence's end are released\n",
+               g->window_release);
+}
+
 static void print_geometry(const attnd_geometry *g)
 {
     printf("geometry:     %u layers, %u q heads, %u kv heads, head %u, block %u, cache %s\n",
@@ -85,6 +119,7 @@ static void print_geometry(const attnd_geometry *g)
            attnd_dtype_name(g->cache_dtype));
     printf("cache:        %u blocks, at most %u per sequence, scale %g\n", g->num_blocks,
            g->max_blocks_per_seq, (double)g->scale);
+    print_layers(g);
     if (g->linear_slots > 0)
         printf("linear state: %u slots, %u heads, dim %u\n", g->linear_slots, g->linear_heads,
                g->linear_head_dim);
@@ -144,7 +179,7 @@ static const struct {
     {"seqs", attnctl_cmd_seqs},   {"create", attnctl_cmd_create},
     {"fork", attnctl_cmd_fork},   {"free", attnctl_cmd_free},
     {"query", attnctl_cmd_query}, {"attend", attnctl_cmd_attend},
-    {"bench", attnctl_cmd_bench},
+    {"bench", attnctl_cmd_bench}, {"truncate", attnctl_cmd_truncate},
 };
 
 /* One command of the chain: its words (argv[argc] is NULL) and its function. */

@@ -62,6 +62,7 @@ int attnctl_cmd_create(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_fork(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_free(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_query(attnctl *ctl, int argc, char **argv);
+int attnctl_cmd_truncate(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_attend(attnctl *ctl, int argc, char **argv);
 int attnctl_cmd_bench(attnctl *ctl, int argc, char **argv);
 

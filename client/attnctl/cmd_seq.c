@@ -1,4 +1,4 @@
-/* attnctl sequence commands: seqs, create, fork, free, query. */
+/* attnctl sequence commands: seqs, create, fork, free, truncate, query. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -120,5 +120,24 @@ int attnctl_cmd_query(attnctl *ctl, int argc, char **argv)
         return attnctl_fail(ctl, "query", rv);
     print_header();
     print_seq(&info);
+    return ATTNCTL_OK;
+}
+
+int attnctl_cmd_truncate(attnctl *ctl, int argc, char **argv)
+{
+    uint64_t id, n;
+    attnd_seq_info info;
+    attnd_err rv;
+    int rc;
+    if (argc != 3) return attnctl_usage_error("truncate", "needs a sequence id and a token count");
+    if ((rc = parse_ids("truncate", 2, argv, &id)) != ATTNCTL_OK) return rc;
+    if (attnctl_parse_u64(argv[2], &n) != 0 || n > UINT32_MAX)
+        return attnctl_usage_error("truncate", "'%s' is not a token count", argv[2]);
+    if (ctl->check_only) return ATTNCTL_OK;
+    if ((rc = attnctl_session(ctl)) != ATTNCTL_OK) return rc;
+    if ((rv = attnd_client_seq_truncate(ctl->c, id, (uint32_t)n, &info)) != ATTND_ERR_OK)
+        return attnctl_fail(ctl, "truncate", rv);
+    printf("truncated %llu by %llu: %u tokens, %u blocks\n", (unsigned long long)id,
+           (unsigned long long)n, info.num_tokens, info.num_blocks);
     return ATTNCTL_OK;
 }

@@ -104,6 +104,7 @@ static const attnd_cfg_choice backend_choices[] = {{"cpu", ATTND_CFG_BACKEND_CPU
 static const attnd_cfg_choice dtype_choices[] = {{"f16", ATTND_DTYPE_F16},
                                                  {"bf16", ATTND_DTYPE_BF16},
                                                  {"fp8_e4m3", ATTND_DTYPE_FP8_E4M3},
+                                                 {"f32", ATTND_DTYPE_F32},
                                                  {NULL, 0}};
 static const attnd_cfg_choice level_choices[] = {{"error", ATTND_LOG_ERROR},
                                                  {"warn", ATTND_LOG_WARN},
@@ -192,6 +193,11 @@ static const attnd_cfg_key cfg_keys[] = {
     F32("geometry.gpu_memory_fraction", geometry.gpu_memory_fraction, 0, 0.98, 0, 0,
         "cuda: give the kv cache this fraction of the device's free memory (num_blocks follows), "
         "0 = num_blocks"),
+    {.name = "geometry.layers",
+     .type = ATTND_CFG_LAYERS,
+     .offset = OFF(geometry.layers),
+     .doc = "per-layer overrides of sliding_window, softcap, scale, alibi_slopes, sinks, k_scale, "
+            "v_scale; an array whose length divides num_layers repeats"},
     U32("linear.slots", linear.slots, 0, 65536, 16, NULL, 0, "linear-attention state slots"),
     U32("linear.heads", linear.heads, 0, 1024, 8, NULL, 0, "linear-attention heads"),
     U32("linear.head_dim", linear.head_dim, 0, 256, 64, NULL, 0, "linear-attention head dim"),
@@ -244,6 +250,11 @@ const char *attnd_config_type_name(attnd_cfg_type type)
         return "number";
     case ATTND_CFG_BOOL:
         return "boolean";
+    case ATTND_CFG_LAYERS:
+    case ATTND_CFG_FLOATS:
+        return "array";
+    case ATTND_CFG_ALIBI:
+        return "boolean or array";
     default:
         return "string";
     }
@@ -277,7 +288,7 @@ void attnd_config_defaults(attnd_config *c)
         const attnd_cfg_key *k = &cfg_keys[i];
         if (k->type == ATTND_CFG_STR)
             snprintf((char *)c + k->offset, k->size, "%s", k->def_str);
-        else
+        else if (k->type != ATTND_CFG_LAYERS)
             cfg_set_num(c, k, k->def_num);
     }
 }
@@ -298,31 +309,40 @@ static attnd_err cfg_set_enum(attnd_config *c, const attnd_cfg_key *k, const cha
                       names);
 }
 
-static attnd_err cfg_set_number(attnd_config *c, const attnd_cfg_key *k, const json_t *v, char *e,
-                                size_t n)
+attnd_err attnd_config_number(const attnd_cfg_key *k, const char *name, const json_t *v,
+                              double *out, char *e, size_t n)
 {
     double d;
     if (k->type == ATTND_CFG_F32) {
         if (!json_is_number(v))
-            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: expected a number", k->name);
+            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: expected a number", name);
         d = json_number_value(v);
         if (!isfinite(d) || d < k->min || d > k->max)
             return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: %g out of range (%g..%g)",
-                              k->name, d, k->min, k->max);
+                              name, d, k->min, k->max);
         if (k->min == 0 && d != 0 && fabs(d) < 1e-30)
-            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: %g too small", k->name, d);
+            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: %g too small", name, d);
     } else {
         if (!json_is_integer(v))
-            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: expected an integer", k->name);
+            return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: expected an integer", name);
         json_int_t i = json_integer_value(v);
         if ((double)i < k->min || (double)i > k->max)
             return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT,
-                              "%s: %lld out of range (%.0f..%.0f)", k->name, (long long)i, k->min,
+                              "%s: %lld out of range (%.0f..%.0f)", name, (long long)i, k->min,
                               k->max);
         d = (double)i;
     }
-    cfg_set_num(c, k, d);
+    *out = d;
     return ATTND_ERR_OK;
+}
+
+static attnd_err cfg_set_number(attnd_config *c, const attnd_cfg_key *k, const json_t *v, char *e,
+                                size_t n)
+{
+    double d;
+    attnd_err rv = attnd_config_number(k, k->name, v, &d, e, n);
+    if (rv == ATTND_ERR_OK) cfg_set_num(c, k, d);
+    return rv;
 }
 
 static attnd_err cfg_set_value(attnd_config *c, const attnd_cfg_key *k, const json_t *v, char *e,
@@ -347,6 +367,8 @@ static attnd_err cfg_set_value(attnd_config *c, const attnd_cfg_key *k, const js
         if (!json_is_string(v))
             return attnd_errf(e, n, ATTND_ERR_INVALID_ARGUMENT, "%s: expected a string", k->name);
         return cfg_set_enum(c, k, json_string_value(v), e, n);
+    case ATTND_CFG_LAYERS:
+        return attnd_config_layers_parse(c, v, e, n);
     default:
         return cfg_set_number(c, k, v, e, n);
     }
@@ -400,9 +422,12 @@ static attnd_err cfg_load_json(attnd_config *c, json_t *root, const json_error_t
         goto done;
     }
     attnd_config_defaults(&tmp);
-    if ((rv = cfg_walk(&tmp, root, "", e, n)) != ATTND_ERR_OK) goto done;
-    if ((rv = attnd_config_validate(&tmp, e, n)) != ATTND_ERR_OK) goto done;
-    *c = tmp;
+    if ((rv = cfg_walk(&tmp, root, "", e, n)) == ATTND_ERR_OK)
+        rv = attnd_config_validate(&tmp, e, n);
+    if (rv == ATTND_ERR_OK)
+        *c = tmp;
+    else
+        attnd_config_fini(&tmp);
 done:
     json_decref(root);
     return rv;
@@ -477,6 +502,7 @@ attnd_err attnd_config_validate(const attnd_config *c, char *err, size_t n)
         if (k->check && (rv = k->check(c, k, err, n)) != ATTND_ERR_OK) return rv;
     }
     if ((rv = cfg_check_geometry(c, err, n)) != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_config_layers_check(&c->geometry, err, n)) != ATTND_ERR_OK) return rv;
     return cfg_check_linear(c, err, n);
 }
 
@@ -493,6 +519,8 @@ static size_t cfg_value_size(const attnd_cfg_key *k)
         return sizeof(float);
     case ATTND_CFG_STR:
         return k->size;
+    case ATTND_CFG_LAYERS:
+        return sizeof(attnd_cfg_layers *);
     default:
         return sizeof(int);
     }
@@ -507,7 +535,11 @@ int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *r
         void *dst = (char *)cur + k->offset;
         const void *src = (const char *)next + k->offset;
         size_t sz = cfg_value_size(k);
-        if (k->type == ATTND_CFG_STR ? strcmp(dst, src) == 0 : memcmp(dst, src, sz) == 0) continue;
+        if (k->type == ATTND_CFG_LAYERS
+                ? attnd_config_layers_equal(cur->geometry.layers, next->geometry.layers)
+            : k->type == ATTND_CFG_STR ? strcmp(dst, src) == 0
+                                       : memcmp(dst, src, sz) == 0)
+            continue;
         if (k->live) {
             memcpy(dst, src, sz);
             continue;

@@ -43,9 +43,45 @@ typedef struct attnd_cfg_server {
     uint32_t spin_us; /* the executor polls this long after its last work before it sleeps */
 } attnd_cfg_server;
 
+/* ALiBi of a layer. */
+enum { ATTND_CFG_ALIBI_OFF = 0, ATTND_CFG_ALIBI_STANDARD = 1, ATTND_CFG_ALIBI_GIVEN = 2 };
+
+/* Which keys an entry of geometry.layers gives (attnd_cfg_layer.set). */
+enum {
+    ATTND_CFG_LAYER_WINDOW = 1u << 0,
+    ATTND_CFG_LAYER_SOFTCAP = 1u << 1,
+    ATTND_CFG_LAYER_SCALE = 1u << 2,
+    ATTND_CFG_LAYER_ALIBI = 1u << 3,
+    ATTND_CFG_LAYER_SINKS = 1u << 4,
+    ATTND_CFG_LAYER_K_SCALE = 1u << 5,
+    ATTND_CFG_LAYER_V_SCALE = 1u << 6,
+};
+
+/* One layer's attention options: an entry of geometry.layers (only the `set` keys given), or a
+ * layer resolved against the global keys (attnd_config_layer: every key set). */
+typedef struct attnd_cfg_layer {
+    uint32_t set;            /* ATTND_CFG_LAYER_* */
+    uint32_t sliding_window; /* 0 = off */
+    float softcap;           /* 0 = off */
+    float scale;             /* 0 = 1/sqrt(head_size); resolved: the scale itself */
+    float k_scale, v_scale;  /* fp8 cache scales */
+    int alibi;               /* ATTND_CFG_ALIBI_* */
+    uint32_t num_alibi_slopes, num_sinks;
+    float *alibi_slopes; /* GIVEN: [num_alibi_slopes] (num_q_heads once validated) */
+    float *sinks;        /* [num_sinks] sink logits, NULL = none */
+} attnd_cfg_layer;
+
+/* geometry.layers: per-layer overrides; entry i applies to layers i, i + count, i + 2 count...
+ * (count divides num_layers). Immutable once loaded; owned by the configuration that loaded it
+ * (attnd_config_fini frees it), borrowed by copies of it. */
+typedef struct attnd_cfg_layers {
+    uint32_t count;
+    attnd_cfg_layer *entries;
+} attnd_cfg_layers;
+
 typedef struct attnd_cfg_geometry {
     uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size;
-    int cache_dtype; /* attnd_dtype: f16, bf16, fp8_e4m3 */
+    int cache_dtype; /* attnd_dtype: f32, f16, bf16, fp8_e4m3 */
     uint32_t num_blocks, max_blocks_per_seq;
     float scale;               /* 0 = 1/sqrt(head_size) */
     uint32_t sliding_window;   /* 0 = off */
@@ -53,6 +89,7 @@ typedef struct attnd_cfg_geometry {
     int alibi;                 /* standard ALiBi slopes for num_q_heads */
     float k_scale, v_scale;    /* fp8 cache scales */
     float gpu_memory_fraction; /* cuda: > 0 sizes num_blocks from free device memory */
+    attnd_cfg_layers *layers;  /* geometry.layers, NULL when none (or empty) */
 } attnd_cfg_geometry;
 
 typedef struct attnd_cfg_linear {
@@ -93,6 +130,9 @@ typedef enum attnd_cfg_type {
     ATTND_CFG_BOOL,
     ATTND_CFG_STR,
     ATTND_CFG_ENUM,
+    ATTND_CFG_LAYERS, /* geometry.layers: an array of objects of attnd_config_layer_keys */
+    ATTND_CFG_ALIBI,  /* a layer's alibi_slopes: true (standard), false, or an array of numbers */
+    ATTND_CFG_FLOATS, /* an array of finite numbers */
 } attnd_cfg_type;
 
 typedef struct attnd_cfg_choice {
@@ -128,7 +168,10 @@ const attnd_cfg_key *attnd_config_key_find(const char *name);
 const char *attnd_config_type_name(attnd_cfg_type type);
 
 void attnd_config_defaults(attnd_config *c);
-/* Defaults, then the file's keys, then every check. c is written only on success.
+/* Free what a load allocated (geometry.layers); c keeps its other values. */
+void attnd_config_fini(attnd_config *c);
+/* Defaults, then the file's keys, then every check. c is written only on success (a loaded c
+ * owns its geometry.layers: attnd_config_fini it before loading into it again).
  * NOT_FOUND when the file cannot be read, INVALID_ARGUMENT otherwise. */
 attnd_err attnd_config_load_file(attnd_config *c, const char *path, char *err, size_t n);
 attnd_err attnd_config_load_string(attnd_config *c, const char *json, char *err, size_t n);
@@ -139,5 +182,28 @@ attnd_err attnd_config_validate(const attnd_config *c, char *err, size_t n);
 int attnd_config_apply_live(attnd_config *cur, const attnd_config *next, char *restart, size_t n);
 /* Effective softmax scale (the configured one, or 1/sqrt(head_size)). */
 float attnd_config_scale(const attnd_config *c);
+
+/* The keys of one geometry.layers entry (names without the prefix), for the schema check. */
+const attnd_cfg_key *attnd_config_layer_keys(size_t *count);
+/* Layer `layer` (< num_layers) of g resolved: its geometry.layers entry over the global keys,
+ * the scale made effective, every key set. Pointers borrow g's arrays. */
+void attnd_config_layer(const attnd_cfg_geometry *g, uint32_t layer, attnd_cfg_layer *out);
+/* Every layer windowed: the largest window (blocks wholly before it can be released); 0 when
+ * some layer sees its whole context. */
+uint32_t attnd_config_window_all(const attnd_cfg_geometry *g);
+/* Every layer of g resolved, as a JSON array of objects in the config's own keys (alibi_slopes
+ * true for the standard slopes; sinks only where a layer has them), into buf[cap]. Returns the
+ * length the whole text needs (snprintf's contract: complete when < cap). */
+size_t attnd_config_layers_json(const attnd_cfg_geometry *g, char *buf, size_t cap);
+/* Whether two geometries have the same geometry.layers (both none counts as equal). */
+int attnd_config_layers_equal(const attnd_cfg_layers *a, const attnd_cfg_layers *b);
+
+/* Internal to core/config*.c: parse geometry.layers (an array) into c->geometry.layers;
+ * validate it against the rest of the geometry; parse one number of key k named `name`. */
+struct json_t;
+attnd_err attnd_config_layers_parse(attnd_config *c, const struct json_t *v, char *e, size_t n);
+attnd_err attnd_config_layers_check(const attnd_cfg_geometry *g, char *e, size_t n);
+attnd_err attnd_config_number(const attnd_cfg_key *k, const char *name, const struct json_t *v,
+                              double *out, char *e, size_t n);
 
 #endif

@@ -38,7 +38,8 @@
     XX(STATUS, "status", 26)                                                                       \
     XX(OPEN_CHANNEL, "open_channel", 27)                                                           \
     XX(CLOSE_CHANNEL, "close_channel", 28)                                                         \
-    XX(WAKE_CHANNEL, "wake_channel", 29)
+    XX(WAKE_CHANNEL, "wake_channel", 29)                                                           \
+    XX(TRUNCATE, "truncate", 30)
 
 typedef enum attnd_metrics_req {
 #define ATTND_METRICS_REQ_ENUM(name, label, field) ATTND_METRICS_REQ_##name,

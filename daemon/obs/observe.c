@@ -162,36 +162,55 @@ static attnd_err observe_status_cb(void *arg, char *buf, size_t cap, size_t *len
     return attnd_observe_status_json(arg, buf, cap, len);
 }
 
+/* The geometry object of /status: every key, and every layer's options resolved. */
+static size_t status_geometry(const attnd_observe *obs, char *buf, size_t cap)
+{
+    const attnd_cfg_geometry *g = &obs->geo;
+    int n = snprintf(buf, cap,
+                     "{\"num_layers\":%u,\"num_q_heads\":%u,\"num_kv_heads\":%u,"
+                     "\"head_size\":%u,\"block_size\":%u,\"cache_dtype\":\"%s\","
+                     "\"num_blocks\":%u,\"max_blocks_per_seq\":%u,\"window_release\":%u,"
+                     "\"layers\":",
+                     g->num_layers, g->num_q_heads, g->num_kv_heads, g->head_size, g->block_size,
+                     attnd_dtype_name((attnd_dtype)g->cache_dtype), g->num_blocks,
+                     g->max_blocks_per_seq, attnd_config_window_all(g));
+    size_t k = n > 0 ? (size_t)n : 0;
+    k += attnd_config_layers_json(g, k < cap ? buf + k : NULL, k < cap ? cap - k : 0);
+    if (k + 1 < cap) buf[k] = '}', buf[k + 1] = '\0';
+    return k + 1;
+}
+
 attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, size_t *len)
 {
     const attnd_metrics *m = obs->metrics;
     const attnd_cfg_geometry *g = &obs->geo;
     int64_t free_blocks = attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_BLOCKS_FREE);
-    int n = snprintf(
-        buf, cap,
-        "{\"version\":\"%s\",\"backend\":\"%s\",\"listen\":\"%s\",\"uptime_s\":%.3f,"
-        "\"draining\":%s,\"geometry\":{\"num_layers\":%u,\"num_q_heads\":%u,"
-        "\"num_kv_heads\":%u,\"head_size\":%u,\"block_size\":%u,\"cache_dtype\":\"%s\","
-        "\"num_blocks\":%u,\"max_blocks_per_seq\":%u},"
-        "\"memory\":{\"device\":\"%s\",\"bytes\":%llu},"
-        "\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
-        "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
-        "\"errors\":%llu}\n",
-        ATTND_VERSION_STRING, obs->backend, obs->listen_json, attnd_metrics_uptime_s(m),
-        atomic_load(&obs->draining) ? "true" : "false", g->num_layers, g->num_q_heads,
-        g->num_kv_heads, g->head_size, g->block_size, attnd_dtype_name((attnd_dtype)g->cache_dtype),
-        g->num_blocks, g->max_blocks_per_seq, obs->device_json,
-        (unsigned long long)obs->memory_bytes, (long long)g->num_blocks - (long long)free_blocks,
-        (long long)free_blocks, (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SEQUENCES),
-        (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SESSIONS),
-        (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_CONNECTIONS),
-        (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_QUEUE_DEPTH),
-        (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_INFLIGHT),
-        (unsigned long long)attnd_metrics_requests_total(m),
-        (unsigned long long)attnd_metrics_errors_total(m));
+    int n = snprintf(buf, cap,
+                     "{\"version\":\"%s\",\"backend\":\"%s\",\"listen\":\"%s\",\"uptime_s\":%.3f,"
+                     "\"draining\":%s,\"geometry\":",
+                     ATTND_VERSION_STRING, obs->backend, obs->listen_json,
+                     attnd_metrics_uptime_s(m), atomic_load(&obs->draining) ? "true" : "false");
     if (n < 0) return ATTND_ERR_INTERNAL;
-    *len = (size_t)n;
-    return (size_t)n < cap ? ATTND_ERR_OK : ATTND_ERR_NO_MEMORY;
+    size_t k = (size_t)n;
+    k += status_geometry(obs, k < cap ? buf + k : NULL, k < cap ? cap - k : 0);
+    n = snprintf(k < cap ? buf + k : NULL, k < cap ? cap - k : 0,
+                 ",\"memory\":{\"device\":\"%s\",\"bytes\":%llu},"
+                 "\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
+                 "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
+                 "\"errors\":%llu}\n",
+                 obs->device_json, (unsigned long long)obs->memory_bytes,
+                 (long long)g->num_blocks - (long long)free_blocks, (long long)free_blocks,
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SEQUENCES),
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SESSIONS),
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_CONNECTIONS),
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_QUEUE_DEPTH),
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_INFLIGHT),
+                 (unsigned long long)attnd_metrics_requests_total(m),
+                 (unsigned long long)attnd_metrics_errors_total(m));
+    if (n < 0) return ATTND_ERR_INTERNAL;
+    k += (size_t)n;
+    *len = k;
+    return k < cap ? ATTND_ERR_OK : ATTND_ERR_NO_MEMORY;
 }
 
 /* ---------------------------------------------------------------- lifecycle */

@@ -15,6 +15,10 @@ void attnd_reply_fini(attnd_reply *r)
 {
     free(r->seq_items);
     free(r->seq_ptrs);
+    free(r->layer_items);
+    free(r->layer_ptrs);
+    r->layer_items = NULL;
+    r->layer_ptrs = NULL;
     free(r->step.query_start_loc);
     for (size_t i = 0; i < r->outputs.n_data; i++)
         free(r->out_data[i].data);

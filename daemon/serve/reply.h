@@ -18,6 +18,8 @@ typedef struct attnd_reply {
     char msg[512];
     Attnd__HelloReply hello;
     Attnd__Geometry geometry;
+    Attnd__LayerOptions *layer_items; /* heap: geometry.layers */
+    Attnd__LayerOptions **layer_ptrs; /* heap */
     Attnd__Limits limits;
     Attnd__SequenceInfo seq;
     Attnd__SequenceList seqs;

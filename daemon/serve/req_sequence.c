@@ -1,24 +1,25 @@
 /* Sequence requests: CreateSequence, ForkSequence (the linear state copied too), FreeSequence,
- * QuerySequence, ListSequences. The cache keys sequences by session: no other session can name
- * them. */
+ * TruncateSequence, QuerySequence, ListSequences. The cache keys sequences by session: no other
+ * session can name them. */
 #include <stdlib.h>
 
 #include "handler.h"
 #include "reply.h"
 #include "serve.h"
 
-static void fill_seq_info(const attnd_seq *q, Attnd__SequenceInfo *info)
+static void fill_seq_info(const attnd_seq *q, uint32_t block_size, Attnd__SequenceInfo *info)
 {
     attnd__sequence_info__init(info);
     info->seq_id = q->id;
     info->num_tokens = q->num_tokens;
     info->num_blocks = q->nblocks;
     info->step = q->step;
+    info->released_tokens = q->base * block_size;
 }
 
-static attnd_err reply_seq(attnd_reply *r, const attnd_seq *q)
+static attnd_err reply_seq(const attnd_serve *sv, attnd_reply *r, const attnd_seq *q)
 {
-    fill_seq_info(q, &r->seq);
+    fill_seq_info(q, sv->model.geo.block_size, &r->seq);
     r->reply.body_case = ATTND__REPLY__BODY_SEQ;
     r->reply.seq = &r->seq;
     return ATTND_ERR_OK;
@@ -57,7 +58,7 @@ static attnd_err req_create(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
     if ((rv = attnd_cache_create(sv->cache, c->s->id, id, &q)) != ATTND_ERR_OK)
         return attnd_reply_fail(r, rv, "seq_id: %s", attnd_strerror(rv));
     c->s->nseqs++;
-    return reply_seq(r, q);
+    return reply_seq(sv, r, q);
 }
 
 static attnd_err req_fork(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
@@ -82,7 +83,7 @@ static attnd_err req_fork(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *
                                                            r->msg, sizeof r->msg));
     }
     c->s->nseqs++;
-    return reply_seq(r, child);
+    return reply_seq(sv, r, child);
 }
 
 static attnd_err req_free(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
@@ -99,19 +100,40 @@ static attnd_err req_free(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *
     return ATTND_ERR_OK;
 }
 
+static attnd_err req_truncate(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
+{
+    const Attnd__TruncateSequence *m = c->req->truncate;
+    attnd_seq *q;
+    attnd_err rv;
+    if ((rv = find_seq(sv, c->s, m->seq_id, "seq_id", r, &q)) != ATTND_ERR_OK) return rv;
+    if (q->step)
+        return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT,
+                                "seq_id: %llu is in open step %llu (end it first)",
+                                (unsigned long long)q->id, (unsigned long long)q->step);
+    rv = attnd_cache_truncate(sv->cache, q, m->tokens, "tokens", r->msg, sizeof r->msg);
+    if (rv != ATTND_ERR_OK) return attnd_reply_code(r, rv);
+    return reply_seq(sv, r, q);
+}
+
 static attnd_err req_query(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
 {
     attnd_seq *q;
     attnd_err rv;
     if ((rv = find_seq(sv, c->s, c->req->query->seq_id, "seq_id", r, &q)) != ATTND_ERR_OK)
         return rv;
-    return reply_seq(r, q);
+    return reply_seq(sv, r, q);
 }
+
+typedef struct list_ctx {
+    attnd_reply *r;
+    uint32_t block_size;
+} list_ctx;
 
 static void list_one(attnd_seq *q, void *arg)
 {
-    attnd_reply *r = arg;
-    fill_seq_info(q, &r->seq_items[r->seqs.n_seqs]);
+    list_ctx *lc = arg;
+    attnd_reply *r = lc->r;
+    fill_seq_info(q, lc->block_size, &r->seq_items[r->seqs.n_seqs]);
     r->seq_ptrs[r->seqs.n_seqs] = &r->seq_items[r->seqs.n_seqs];
     r->seqs.n_seqs++;
 }
@@ -124,7 +146,8 @@ static attnd_err req_list(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *
     r->seq_ptrs = calloc(n, sizeof *r->seq_ptrs);
     if (r->seq_items == NULL || r->seq_ptrs == NULL)
         return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "seqs: out of memory");
-    attnd_cache_foreach(sv->cache, c->s->id, list_one, r);
+    list_ctx lc = {r, sv->model.geo.block_size};
+    attnd_cache_foreach(sv->cache, c->s->id, list_one, &lc);
     r->seqs.seqs = r->seq_ptrs;
     r->reply.body_case = ATTND__REPLY__BODY_SEQS;
     r->reply.seqs = &r->seqs;
@@ -135,6 +158,7 @@ static const attnd_req_entry sequence_entries[] = {
     {ATTND__REQUEST__BODY_CREATE, "create", req_create, ATTND_REQ_SESSION},
     {ATTND__REQUEST__BODY_FORK, "fork", req_fork, ATTND_REQ_SESSION | ATTND_REQ_DEVICE},
     {ATTND__REQUEST__BODY_FREE, "free", req_free, ATTND_REQ_SESSION},
+    {ATTND__REQUEST__BODY_TRUNCATE, "truncate", req_truncate, ATTND_REQ_SESSION},
     {ATTND__REQUEST__BODY_QUERY, "query", req_query, ATTND_REQ_SESSION},
     {ATTND__REQUEST__BODY_LIST, "list", req_list, ATTND_REQ_SESSION},
 };

@@ -1,4 +1,5 @@
 /* Session requests: Hello (opens a session), Status, RegisterRegion, UnregisterRegion. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "attnd/clock.h"
@@ -10,9 +11,39 @@
 #define ATTND_VERSION_STRING "0.0.0"
 #endif
 
-static void fill_geometry(const attnd_serve *sv, Attnd__Geometry *g)
+/* Every layer's options, resolved, pointing into the model (which outlives every reply). */
+static attnd_err fill_layers(const attnd_model *m, attnd_reply *r, Attnd__Geometry *g)
+{
+    uint32_t L = m->geo.num_layers, hq = m->geo.num_q_heads;
+    r->layer_items = calloc(L, sizeof *r->layer_items);
+    r->layer_ptrs = calloc(L, sizeof *r->layer_ptrs);
+    if (r->layer_items == NULL || r->layer_ptrs == NULL)
+        return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "geometry: out of memory");
+    for (uint32_t l = 0; l < L; l++) {
+        const attnd_model_layer *ml = &m->layers[l];
+        Attnd__LayerOptions *o = &r->layer_items[l];
+        attnd__layer_options__init(o);
+        o->sliding_window = (uint32_t)ml->sliding_window;
+        o->softcap = ml->softcap;
+        o->scale = ml->scale;
+        o->k_scale = ml->k_scale;
+        o->v_scale = ml->v_scale;
+        o->alibi = ml->alibi != ATTND_CFG_ALIBI_OFF;
+        o->n_alibi_slopes = o->alibi ? hq : 0;
+        o->alibi_slopes = (float *)ml->alibi_slopes;
+        o->n_sinks = ml->sinks ? hq : 0;
+        o->sinks = (float *)ml->sinks;
+        r->layer_ptrs[l] = o;
+    }
+    g->n_layers = L;
+    g->layers = r->layer_ptrs;
+    return ATTND_ERR_OK;
+}
+
+static attnd_err fill_geometry(const attnd_serve *sv, attnd_reply *r)
 {
     const attnd_model *m = &sv->model;
+    Attnd__Geometry *g = &r->geometry;
     attnd__geometry__init(g);
     g->num_layers = m->geo.num_layers;
     g->num_q_heads = m->geo.num_q_heads;
@@ -26,6 +57,45 @@ static void fill_geometry(const attnd_serve *sv, Attnd__Geometry *g)
     g->linear_slots = m->lin.slots;
     g->linear_heads = m->lin.heads;
     g->linear_head_dim = m->lin.head_dim;
+    g->window_release = m->window_all;
+    return fill_layers(m, r, g);
+}
+
+/* Hello.expect against the model: FAILED_PRECONDITION naming the first difference. */
+static attnd_err check_expect(const attnd_serve *sv, const Attnd__ExpectGeometry *x, attnd_reply *r)
+{
+    attnd_model_expect e = {.num_layers = x->num_layers,
+                            .num_q_heads = x->num_q_heads,
+                            .num_kv_heads = x->num_kv_heads,
+                            .head_size = x->head_size,
+                            .block_size = x->block_size,
+                            .cache_dtype = (int)x->cache_dtype,
+                            .num_layer_opts = (uint32_t)x->n_layers};
+    e.set = (x->num_layers ? ATTND_EXPECT_NUM_LAYERS : 0) |
+            (x->num_q_heads ? ATTND_EXPECT_NUM_Q_HEADS : 0) |
+            (x->num_kv_heads ? ATTND_EXPECT_NUM_KV_HEADS : 0) |
+            (x->head_size ? ATTND_EXPECT_HEAD_SIZE : 0) |
+            (x->block_size ? ATTND_EXPECT_BLOCK_SIZE : 0) |
+            (x->compare_cache_dtype ? ATTND_EXPECT_CACHE_DTYPE : 0);
+    attnd_expect_layer *ls = calloc(x->n_layers ? x->n_layers : 1, sizeof *ls);
+    if (ls == NULL) return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "expect: out of memory");
+    for (size_t i = 0; i < x->n_layers; i++) {
+        const Attnd__LayerOptions *o = x->layers[i];
+        ls[i] = (attnd_expect_layer){o->sliding_window,
+                                     o->softcap,
+                                     o->scale,
+                                     o->k_scale,
+                                     o->v_scale,
+                                     o->alibi,
+                                     (uint32_t)o->n_alibi_slopes,
+                                     (uint32_t)o->n_sinks,
+                                     o->alibi_slopes,
+                                     o->sinks};
+    }
+    e.layer_opts = ls;
+    attnd_err rv = attnd_model_expect_check(&sv->model, &e, r->msg, sizeof r->msg);
+    free(ls);
+    return attnd_reply_code(r, rv);
 }
 
 /* Compare without an early exit so the time taken says nothing about the token. */
@@ -38,11 +108,12 @@ static int token_equal(const char *want, const char *got)
     return diff == 0;
 }
 
-static void reply_hello(attnd_serve *sv, const attnd_session *s, attnd_reply *r)
+static attnd_err reply_hello(attnd_serve *sv, const attnd_session *s, attnd_reply *r)
 {
     Attnd__HelloReply *h = &r->hello;
     attnd__hello_reply__init(h);
-    fill_geometry(sv, &r->geometry);
+    attnd_err rv = fill_geometry(sv, r);
+    if (rv != ATTND_ERR_OK) return rv;
     attnd__limits__init(&r->limits);
     r->limits.max_seqs = sv->limits.max_seqs;
     r->limits.max_step_tokens = sv->limits.max_step_tokens;
@@ -58,6 +129,7 @@ static void reply_hello(attnd_serve *sv, const attnd_session *s, attnd_reply *r)
     h->blocks_free = attnd_cache_blocks_free(sv->cache);
     r->reply.body_case = ATTND__REPLY__BODY_HELLO;
     r->reply.hello = h;
+    return ATTND_ERR_OK;
 }
 
 static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
@@ -74,14 +146,14 @@ static attnd_err req_hello(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
     if (sv->token[0] && !token_equal(sv->token, m->token ? m->token : ""))
         return attnd_reply_fail(r, ATTND_ERR_PERMISSION_DENIED, "token: %s",
                                 m->token && m->token[0] ? "invalid" : "required");
+    if (m->expect && (rv = check_expect(sv, m->expect, r)) != ATTND_ERR_OK) return rv;
     if ((rv =
              attnd_session_open(&sv->sessions, c->pipe, m->client_name, sv->limits.max_sessions,
                                 sv->limits.max_sessions_per_connection, &s, r->msg, sizeof r->msg)))
         return attnd_reply_code(r, rv);
     ATTND_LOG(sv->log, ATTND_LOG_INFO, "event=hello session=%llu pipe=%u client=\"%s\"",
               (unsigned long long)s->id, c->pipe, s->name);
-    reply_hello(sv, s, r);
-    return ATTND_ERR_OK;
+    return reply_hello(sv, s, r);
 }
 
 static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
@@ -97,7 +169,8 @@ static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
                                 "that gave it, on this connection (session %llu)",
                                 (unsigned long long)c->req->session);
     attnd__status_reply__init(st);
-    fill_geometry(sv, &r->geometry);
+    attnd_err rv = fill_geometry(sv, r);
+    if (rv != ATTND_ERR_OK) return rv;
     st->version = (char *)ATTND_VERSION_STRING;
     st->backend = (char *)attnd_backend_name(sv->be);
     st->geometry = &r->geometry;

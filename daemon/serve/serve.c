@@ -7,29 +7,35 @@
 #include "attnd/clock.h"
 
 attnd_err attnd_serve_alloc(attnd_serve **out, const attnd_config *cfg, attnd_backend *be,
-                            int32_t units, attnd_log *lg)
+                            int32_t units, attnd_log *lg, char *err, size_t n)
 {
     attnd_err rv;
     *out = NULL;
     attnd_serve *sv = calloc(1, sizeof *sv);
-    if (sv == NULL) return ATTND_ERR_NO_MEMORY;
+    if (sv == NULL) return attnd_errf(err, n, ATTND_ERR_NO_MEMORY, "out of memory");
     sv->log = lg;
     sv->be = be;
-    attnd_model_init(&sv->model, cfg);
     sv->limits = cfg->limits;
     memcpy(sv->token, cfg->server.token, sizeof sv->token);
     sv->start_ms = attnd_clock_ms();
     attnd_sessions_init(&sv->sessions);
-    rv = attnd_devmem_alloc(&sv->dm, &sv->model, be, units, &sv->limits, lg);
-    if (rv == ATTND_ERR_OK)
-        rv = attnd_cache_alloc(&sv->cache, sv->model.geo.num_blocks, sv->model.geo.block_size,
-                               sv->model.geo.max_blocks_per_seq, sv->model.lin.slots);
+    if ((rv = attnd_model_init(&sv->model, cfg, err, n)) == ATTND_ERR_OK &&
+        (rv = attnd_model_check_backend(&sv->model, be, err, n)) == ATTND_ERR_OK) {
+        rv = attnd_devmem_alloc(&sv->dm, &sv->model, be, units, &sv->limits, lg);
+        if (rv == ATTND_ERR_OK)
+            rv = attnd_cache_alloc(&sv->cache, sv->model.geo.num_blocks, sv->model.geo.block_size,
+                                   sv->model.geo.max_blocks_per_seq, sv->model.lin.slots);
+        if (rv != ATTND_ERR_OK)
+            attnd_errf(err, n, rv, "geometry: cannot allocate the cache: %s", attnd_strerror(rv));
+    }
     if (rv != ATTND_ERR_OK) {
         attnd_cache_free(sv->cache);
         attnd_devmem_free(sv->dm);
+        attnd_model_fini(&sv->model);
         free(sv);
         return rv;
     }
+    attnd_cache_set_window(sv->cache, sv->model.window_all);
     attnd_steps_init(&sv->steps, &sv->model, sv->dm, sv->cache);
     attnd_inflight_init(&sv->inflight, sv->dm);
     *out = sv;
@@ -44,6 +50,7 @@ void attnd_serve_free(attnd_serve *sv)
     attnd_sessions_fini(&sv->sessions);
     attnd_cache_free(sv->cache);
     attnd_devmem_free(sv->dm);
+    attnd_model_fini(&sv->model);
     attnd_channels_free(sv->channels); /* after the sessions that opened them */
     attnd_shmguard_free(sv->guard);    /* last: regions and channels were watched by it */
     free(sv);

@@ -51,9 +51,10 @@ typedef struct attnd_serve {
 } attnd_serve;
 
 /* The state for cfg on backend be (which must outlive sv): cache pools, linear state,
- * workspaces. units: the cpu backend's threads (>= 1). */
+ * workspaces. units: the cpu backend's threads (>= 1). UNSUPPORTED when the backend cannot run
+ * a layer's options (err names the key), NO_MEMORY or the backend's code otherwise. */
 attnd_err attnd_serve_alloc(attnd_serve **sv, const attnd_config *cfg, attnd_backend *be,
-                            int32_t units, attnd_log *lg);
+                            int32_t units, attnd_log *lg, char *err, size_t n);
 /* Complete in-flight replies, release every step, session, sequence and pool. */
 void attnd_serve_free(attnd_serve *sv);
 /* Count kernel time in obs's metrics and rate-limit request error lines through it (after

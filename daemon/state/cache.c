@@ -1,10 +1,12 @@
 #include "cache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct attnd_cache {
     uint32_t num_blocks, block_size, max_blocks_per_seq;
+    uint32_t window;     /* every layer windowed: the largest window; 0 = no release */
     uint32_t *refs;      /* [num_blocks] */
     int32_t *free_stack; /* [num_blocks] ids of free blocks */
     uint32_t nfree;
@@ -114,6 +116,17 @@ uint32_t attnd_cache_block_refs(const attnd_cache *c, int32_t block)
 uint32_t attnd_cache_linear_free(const attnd_cache *c)
 {
     return c->nlinear_free;
+}
+
+void attnd_cache_set_window(attnd_cache *c, uint32_t window)
+{
+    c->window = window;
+}
+
+uint64_t attnd_cache_blocks_for(const attnd_cache *c, uint64_t tokens, uint32_t base)
+{
+    uint64_t logical = (tokens + c->block_size - 1) / c->block_size;
+    return logical > base ? logical - base : 0;
 }
 
 /* ---------------------------------------------------------------- blocks */
@@ -226,6 +239,7 @@ attnd_err attnd_cache_fork(attnd_cache *c, attnd_seq *parent, uint64_t child_id,
         c->refs[parent->blocks[i]]++;
     }
     s->nblocks = parent->nblocks;
+    s->base = parent->base;
     s->num_tokens = parent->num_tokens;
     if (parent->linear_slot >= 0) {
         s->linear_slot = c->linear_free[--c->nlinear_free];
@@ -291,12 +305,13 @@ attnd_err attnd_cache_reserve(attnd_cache *c, attnd_seq *s, uint32_t n, attnd_ca
     uint32_t bs = c->block_size;
     cow->src = cow->dst = -1;
     if (n == 0 || s->pend_tokens || s->pend_cow_old >= 0) return ATTND_ERR_INVALID_ARGUMENT;
-    uint64_t total = (uint64_t)s->num_tokens + n;
-    if (total > (uint64_t)c->max_blocks_per_seq * bs) return ATTND_ERR_INVALID_ARGUMENT;
-    uint32_t want = (uint32_t)((total + bs - 1) / bs);
+    uint64_t held = attnd_cache_blocks_for(c, (uint64_t)s->num_tokens + n, s->base);
+    if (held > c->max_blocks_per_seq) return ATTND_ERR_INVALID_ARGUMENT;
+    uint32_t want = (uint32_t)held;
     uint32_t fresh = want - s->nblocks;
     /* a shared partial last block is written by this step: copy it first */
-    int cow_needed = (s->num_tokens % bs) != 0 && c->refs[s->blocks[s->nblocks - 1]] > 1;
+    int cow_needed =
+        (s->num_tokens % bs) != 0 && s->nblocks > 0 && c->refs[s->blocks[s->nblocks - 1]] > 1;
     attnd_err rv;
     if (fresh + (uint32_t)cow_needed > c->nfree) return ATTND_ERR_OUT_OF_BLOCKS;
     if ((rv = seq_reserve_room(c, s, want)) != ATTND_ERR_OK) return rv;
@@ -314,12 +329,60 @@ attnd_err attnd_cache_reserve(attnd_cache *c, attnd_seq *s, uint32_t n, attnd_ca
     return ATTND_ERR_OK;
 }
 
+/* Release the leading blocks no window reaches any more: the next query (position num_tokens)
+ * sees keys from num_tokens - window + 1 on. */
+static void release_before_window(attnd_cache *c, attnd_seq *s)
+{
+    if (c->window == 0 || s->num_tokens < c->window) return;
+    uint32_t keep = (s->num_tokens - c->window + 1) / c->block_size; /* first logical block kept */
+    if (keep <= s->base) return;
+    uint32_t drop = keep - s->base;
+    for (uint32_t i = 0; i < drop; i++)
+        block_unref(c, s->blocks[i]);
+    memmove(s->blocks, s->blocks + drop, (size_t)(s->nblocks - drop) * sizeof *s->blocks);
+    s->nblocks -= drop;
+    s->base = keep;
+}
+
 void attnd_cache_commit(attnd_cache *c, attnd_seq *s)
 {
     if (s->pend_cow_old >= 0) block_unref(c, s->pend_cow_old);
     s->pend_cow_old = -1;
     s->num_tokens += s->pend_tokens;
     s->pend_tokens = 0;
+    release_before_window(c, s);
+}
+
+attnd_err attnd_cache_truncate(attnd_cache *c, attnd_seq *s, uint32_t drop, const char *field,
+                               char *err, size_t n)
+{
+    if (s->pend_tokens || s->pend_cow_old >= 0)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: sequence %llu has tokens "
+                          "reserved by an open step",
+                          field, (unsigned long long)s->id);
+    if (drop > s->num_tokens)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "%s: %u tokens to drop, sequence %llu has %u", field, drop,
+                          (unsigned long long)s->id, s->num_tokens);
+    if (drop > 0 && s->linear_slot >= 0)
+        return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
+                          "%s: sequence %llu has linear-attention state, which cannot be rolled "
+                          "back",
+                          field, (unsigned long long)s->id);
+    uint32_t len = s->num_tokens - drop;
+    uint64_t first = c->window && len >= c->window ? len - c->window + 1 : 0;
+    if (first < (uint64_t)s->base * c->block_size)
+        return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
+                          "%s: dropping %u of %u tokens leaves a next query that sees keys from "
+                          "%llu, but the window released every key before %llu",
+                          field, drop, s->num_tokens, (unsigned long long)first,
+                          (unsigned long long)s->base * c->block_size);
+    uint32_t keep = (uint32_t)attnd_cache_blocks_for(c, len, s->base);
+    while (s->nblocks > keep)
+        block_unref(c, s->blocks[--s->nblocks]);
+    s->num_tokens = len;
+    return ATTND_ERR_OK;
 }
 
 void attnd_cache_abort(attnd_cache *c, attnd_seq *s)
@@ -338,7 +401,7 @@ void attnd_cache_abort(attnd_cache *c, attnd_seq *s)
 int64_t attnd_cache_slot(const attnd_cache *c, const attnd_seq *s, uint32_t pos)
 {
     uint32_t bs = c->block_size;
-    return (int64_t)s->blocks[pos / bs] * bs + pos % bs;
+    return (int64_t)s->blocks[pos / bs - s->base] * bs + pos % bs;
 }
 
 attnd_err attnd_cache_linear_slot(attnd_cache *c, attnd_seq *s, int32_t *slot, int *fresh)

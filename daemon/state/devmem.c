@@ -326,23 +326,16 @@ static attnd_err devmem_alloc_pools(attnd_devmem *dm)
     return devmem_layers(dm, attnd_model_linear_slot_bytes(m) * m->lin.slots, &dm->lin_state, NULL);
 }
 
-static attnd_err devmem_alloc_alibi(attnd_devmem *dm)
+/* Every layer's ALiBi slopes and sinks, where the kernels read them. */
+static attnd_err devmem_alloc_values(attnd_devmem *dm)
 {
-    attnd_err rv = ATTND_ERR_OK;
-    size_t bytes = (size_t)dm->model->geo.num_q_heads * sizeof(float);
-    float *host = malloc(bytes);
+    const attnd_cfg_geometry *g = &dm->model->geo;
+    size_t bytes = (size_t)g->num_layers * 2 * g->num_q_heads * sizeof(float);
     void *dev = NULL;
-    if (host == NULL) return ATTND_ERR_NO_MEMORY;
-    attnd_model_alibi_slopes(dm->model, host);
-    if ((rv = attnd_backend_alloc(dm->be, bytes, &dev)) != ATTND_ERR_OK) goto done;
-    rv = attnd_backend_memcpy(dm->be, dev, host, bytes, ATTND_MEMCPY_H2D);
-    if (rv != ATTND_ERR_OK)
-        attnd_backend_free(dm->be, dev);
-    else
-        dm->alibi = dev;
-done:
-    free(host);
-    return rv;
+    attnd_err rv = devmem_take(dm, bytes, &dev);
+    if (rv != ATTND_ERR_OK) return rv;
+    dm->values = dev;
+    return attnd_backend_memcpy(dm->be, dev, dm->model->values, bytes, ATTND_MEMCPY_H2D);
 }
 
 /* The split-KV workspace (every backend) and, on a device backend, the slots that hold open
@@ -399,7 +392,7 @@ attnd_err attnd_devmem_alloc(attnd_devmem **out, attnd_model *model, attnd_backe
     rv = devmem_device_setup(dm, model);
     if (rv == ATTND_ERR_OK) rv = devmem_alloc_pools(dm);
     if (rv == ATTND_ERR_OK) rv = devmem_alloc_plan_memory(dm, limits);
-    if (rv == ATTND_ERR_OK && model->geo.alibi) rv = devmem_alloc_alibi(dm);
+    if (rv == ATTND_ERR_OK && model->per_layer) rv = devmem_alloc_values(dm);
     if (rv != ATTND_ERR_OK) {
         attnd_devmem_free(dm);
         return rv;
@@ -423,7 +416,7 @@ void attnd_devmem_free(attnd_devmem *dm)
     free_layers(dm, dm->k_cache);
     free_layers(dm, dm->v_cache);
     free_layers(dm, dm->lin_state);
-    attnd_backend_free(dm->be, dm->alibi);
+    attnd_backend_free(dm->be, dm->values);
     attnd_backend_free(dm->be, dm->ws3d);
     attnd_backend_free(dm->be, dm->index_dev);
     for (uint32_t i = 0; dm->index_fence && i < dm->index_slots; i++)

@@ -1,9 +1,9 @@
 /* Device memory: everything the daemon keeps in backend memory, allocated once at start so
  * that no request allocates device memory on its fast path. Per layer the K and V pools and the
- * linear-attention state; the ALiBi slopes; the split-KV workspace every 3D launch shares; the
- * index slots that hold open steps' plan arrays (uploaded once per step, page-locked staging);
- * the staging buffer for host tensors a device backend must copy. Also the device's health: a
- * GPU error marks it failed, and no more kernel work is served.
+ * linear-attention state; every layer's ALiBi slopes and sinks; the split-KV workspace every 3D
+ * launch shares; the index slots that hold open steps' plan arrays (uploaded once per step,
+ * page-locked staging); the staging buffer for host tensors a device backend must copy. Also the
+ * device's health: a GPU error marks it failed, and no more kernel work is served.
  *
  * On a host backend (cpu) "device memory" is host memory and uploads are no-ops. Executor
  * thread only. Errors come back as attnd_err with a message in the caller's buffer. */
@@ -33,7 +33,7 @@ typedef struct attnd_devmem {
     int32_t units;             /* parallel units the planner fills (cpu threads, SMs) */
     void **k_cache, **v_cache; /* [num_layers] */
     void **lin_state;          /* [num_layers] [slots][heads][dim][dim] f32, NULL if no slots */
-    float *alibi;              /* [num_q_heads], NULL when off */
+    float *values;             /* the model's per-layer values (attnd_model.values), NULL if none */
     void *ws3d;                /* split-KV workspace of the 3D launches */
     size_t ws3d_bytes;         /* it holds split_rows rows x segments */
     int32_t split_rows;        /* the planner's bound on a 3D launch's rows x segments */

@@ -87,7 +87,7 @@ static attnd_err begin_validate(attnd_steps *ss, attnd_session *s, const attnd_s
                                 size_t en)
 {
     const attnd_cfg_geometry *g = &ss->model->geo;
-    uint64_t total = 0, cap = (uint64_t)g->max_blocks_per_seq * g->block_size;
+    uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const attnd_step_req *e = &seqs[i];
         attnd_seq *q = e->seq_id ? attnd_cache_find(ss->cache, s->id, e->seq_id) : NULL;
@@ -104,11 +104,14 @@ static attnd_err begin_validate(attnd_steps *ss, attnd_session *s, const attnd_s
                               (unsigned long long)q->id, (unsigned long long)q->step);
         if (e->new_tokens == 0)
             return attnd_errf(err, en, ATTND_ERR_INVALID_ARGUMENT, "seqs[%zu].new_tokens: 0", i);
-        if ((uint64_t)q->num_tokens + e->new_tokens > cap)
+        uint64_t held =
+            attnd_cache_blocks_for(ss->cache, (uint64_t)q->num_tokens + e->new_tokens, q->base);
+        if (held > g->max_blocks_per_seq)
             return attnd_errf(err, en, ATTND_ERR_INVALID_ARGUMENT,
-                              "seqs[%zu].new_tokens: %u on %u tokens exceeds %llu "
-                              "(geometry.max_blocks_per_seq x block_size)",
-                              i, e->new_tokens, q->num_tokens, (unsigned long long)cap);
+                              "seqs[%zu].new_tokens: %u on %u tokens would hold %llu blocks, over "
+                              "geometry.max_blocks_per_seq (%u)",
+                              i, e->new_tokens, q->num_tokens, (unsigned long long)held,
+                              g->max_blocks_per_seq);
         total += e->new_tokens;
         q->step = st->id;
         st->seqs[st->nseqs++] = q;
@@ -161,7 +164,10 @@ static attnd_err begin_plan(attnd_steps *ss, attnd_step *st, char *err, size_t e
     if (in == NULL) goto done;
     for (uint32_t i = 0; i < st->nseqs; i++) {
         const attnd_seq *q = st->seqs[i];
-        in[i] = (attnd_plan_seq){q->num_tokens, q->pend_tokens, q->blocks, q->nblocks};
+        /* from the first block held: positions shift by base blocks, which attention cannot
+         * see (cache.h) */
+        uint32_t context = q->num_tokens - q->base * (uint32_t)g->block_size;
+        in[i] = (attnd_plan_seq){context, q->pend_tokens, q->blocks, q->nblocks};
     }
     size_t bytes = attnd_plan_workspace_size(in, (int32_t)st->nseqs, &so);
     if ((st->ws = malloc(bytes)) == NULL) goto done;
@@ -275,7 +281,7 @@ static attnd_plan_layer step_layer(const attnd_steps *ss, uint32_t layer, const 
     pl.lse = io->lse;
     pl.k_cache = attnd_devmem_cache(ss->dm, layer, 0);
     pl.v_cache = attnd_devmem_cache(ss->dm, layer, 1);
-    attnd_model_layer_opts(ss->model, layer, ss->dm->alibi, &pl);
+    attnd_model_layer_opts(ss->model, layer, ss->dm->values, &pl);
     return pl;
 }
 

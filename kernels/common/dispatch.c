@@ -54,6 +54,11 @@ int attnd_backend_is_device(const attnd_backend *b)
     return b->ops->is_device;
 }
 
+int attnd_backend_has(const attnd_backend *b, uint32_t features)
+{
+    return (b->ops->features & features) == features;
+}
+
 const char *attnd_backend_last_error(const attnd_backend *b)
 {
     return b->last_error;
@@ -96,7 +101,7 @@ size_t attnd_paged_3d_workspace_size(int64_t num_tokens, int64_t num_q_heads, in
         b->last_error[0] = '\0';                                                                   \
         if ((rv_ = (validate_call)) != ATTND_ERR_OK) return rv_;                                   \
         if (b->ops->op == NULL) {                                                                  \
-            snprintf(b->last_error, sizeof b->last_error, "%s: not implemented by backend %s",    \
+            snprintf(b->last_error, sizeof b->last_error, "%s: not implemented by backend %s",     \
                      #op, b->ops->name);                                                           \
             return ATTND_ERR_UNSUPPORTED;                                                          \
         }                                                                                          \

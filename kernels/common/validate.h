@@ -14,7 +14,7 @@ extern "C" {
 /* Bitmask of accepted dtypes. */
 #define ATTND_DT(x) (1u << ATTND_DTYPE_##x)
 #define ATTND_DT_FLOAT (ATTND_DT(F32) | ATTND_DT(F16) | ATTND_DT(BF16))
-#define ATTND_DT_CACHE (ATTND_DT(F16) | ATTND_DT(BF16) | ATTND_DT(FP8_E4M3))
+#define ATTND_DT_CACHE (ATTND_DT(F32) | ATTND_DT(F16) | ATTND_DT(BF16) | ATTND_DT(FP8_E4M3))
 #define ATTND_DT_INDEX (ATTND_DT(I32) | ATTND_DT(I64))
 
 /* Record an error on b (printf-style) and return ATTND_ERR_INVALID_ARGUMENT. */
@@ -38,6 +38,11 @@ attnd_err attnd_check_dim(attnd_backend *b, const char *name, const attnd_tensor
 attnd_err attnd_check_head_size(attnd_backend *b, const char *name, int64_t head_size);
 /* num_q_heads must be a positive multiple of num_kv_heads. */
 attnd_err attnd_check_gqa(attnd_backend *b, int64_t num_q_heads, int64_t num_kv_heads);
+
+/* UNSUPPORTED naming what of p (sinks, an f32 cache) b's backend does not implement; OK
+ * otherwise. The cache write's variant checks the cache dtype only. */
+attnd_err attnd_check_paged_features(attnd_backend *b, const attnd_paged_params *p);
+attnd_err attnd_check_cache_features(attnd_backend *b, attnd_dtype cache);
 
 /* Largest element offset a view can touch (0 for an empty tensor), -1 on overflow. */
 int64_t attnd_tensor_span(const attnd_tensor *t);

@@ -67,7 +67,10 @@ static attnd_err paged_tensors(attnd_backend *b, const attnd_paged_params *p)
     if ((rv = attnd_check_tensor(b, "query_start_loc", &p->query_start_loc, 1, ATTND_DT(I32), 0)) !=
         ATTND_ERR_OK)
         return rv;
-    return attnd_check_optional(b, "alibi_slopes", &p->alibi_slopes, 1, ATTND_DT(F32), 0);
+    if ((rv = attnd_check_optional(b, "alibi_slopes", &p->alibi_slopes, 1, ATTND_DT(F32), 0)) !=
+        ATTND_ERR_OK)
+        return rv;
+    return attnd_check_optional(b, "sinks", &p->sinks, 1, ATTND_DT(F32), 0);
 }
 
 static attnd_err paged_shapes(attnd_backend *b, const attnd_paged_params *p)
@@ -86,6 +89,9 @@ static attnd_err paged_shapes(attnd_backend *b, const attnd_paged_params *p)
         return rv;
     if (p->alibi_slopes.data != NULL &&
         (rv = attnd_check_dim(b, "alibi_slopes", &p->alibi_slopes, 0, hq)) != ATTND_ERR_OK)
+        return rv;
+    if (p->sinks.data != NULL &&
+        (rv = attnd_check_dim(b, "sinks", &p->sinks, 0, hq)) != ATTND_ERR_OK)
         return rv;
     if ((rv = attnd_check_dim(b, "block_tables", &p->block_tables, 0, num_seqs)) != ATTND_ERR_OK)
         return rv;
@@ -160,13 +166,47 @@ static attnd_err paged_sequence(attnd_backend *b, const attnd_paged_params *p, i
     return ATTND_ERR_OK;
 }
 
+/* A sink of +inf or NaN would make every output of its head NaN; -inf is no sink. */
+static attnd_err paged_sinks(attnd_backend *b, const attnd_paged_params *p)
+{
+    const attnd_tensor *t = &p->sinks;
+    for (int64_t h = 0; t->data != NULL && h < t->shape[0]; h++) {
+        float x = ((const float *)t->data)[h * t->strides[0]];
+        if (isnan(x) || x == INFINITY)
+            return attnd_fail(b, "sinks[%lld]: %g is not a logit (finite, or -inf for none)",
+                              (long long)h, x);
+    }
+    return ATTND_ERR_OK;
+}
+
+attnd_err attnd_check_cache_features(attnd_backend *b, attnd_dtype cache)
+{
+    if (cache != ATTND_DTYPE_F32 || attnd_backend_has(b, ATTND_FEATURE_F32_CACHE))
+        return ATTND_ERR_OK;
+    snprintf(b->last_error, sizeof b->last_error,
+             "k_cache: an f32 cache is not implemented by backend %s", b->ops->name);
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+attnd_err attnd_check_paged_features(attnd_backend *b, const attnd_paged_params *p)
+{
+    if (p->sinks.data != NULL && !attnd_backend_has(b, ATTND_FEATURE_SINKS)) {
+        snprintf(b->last_error, sizeof b->last_error, "sinks: not implemented by backend %s",
+                 b->ops->name);
+        return ATTND_ERR_UNSUPPORTED;
+    }
+    return attnd_check_cache_features(b, p->k_cache.dtype);
+}
+
 attnd_err attnd_validate_paged(attnd_backend *b, const attnd_paged_params *p, int host_contents)
 {
     attnd_err rv;
     if ((rv = paged_tensors(b, p)) != ATTND_ERR_OK) return rv;
     if ((rv = paged_shapes(b, p)) != ATTND_ERR_OK) return rv;
     if ((rv = paged_scalars(b, p)) != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_check_paged_features(b, p)) != ATTND_ERR_OK) return rv;
     if (!host_contents) return ATTND_ERR_OK;
+    if ((rv = paged_sinks(b, p)) != ATTND_ERR_OK) return rv;
     if ((rv = paged_offsets(b, p)) != ATTND_ERR_OK) return rv;
     for (int64_t s = 0; s < p->seq_lens.shape[0]; s++)
         if ((rv = paged_sequence(b, p, s)) != ATTND_ERR_OK) return rv;
@@ -242,6 +282,7 @@ attnd_err attnd_validate_cache_write(attnd_backend *b, const attnd_cache_write_p
 {
     attnd_err rv;
     if ((rv = cache_write_shapes(b, p)) != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_check_cache_features(b, p->k_cache.dtype)) != ATTND_ERR_OK) return rv;
     if (!host_contents) return ATTND_ERR_OK;
     for (int64_t t = 0; t < p->slot_mapping.shape[0]; t++) {
         int64_t slot = attnd_index_at(&p->slot_mapping, t);

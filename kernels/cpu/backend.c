@@ -70,4 +70,5 @@ const attnd_backend_ops attnd_cpu_backend_ops = {
     .blocksparse = attnd_cpu_blocksparse,
     .linear_prefill = attnd_cpu_linear_prefill,
     .linear_decode = attnd_cpu_linear_decode,
+    .features = ATTND_FEATURE_SINKS | ATTND_FEATURE_F32_CACHE,
 };

@@ -12,7 +12,8 @@
  * Masks are applied by never computing masked logits: row at position pos sees keys
  * max(0, pos - window + 1) .. pos. Softcap then ALiBi (slope * (key - pos)) follow the scaled
  * dot product, as DESIGN.md fixes. A row that sees no key keeps m = -inf, l = 0 and stores zeros
- * and LSE -inf.
+ * and LSE -inf. A sink joins the denominator once, when the row is stored (after the 3D merge,
+ * never per segment).
  *
  * 3D workspace (f32), laid out as attnd_paged_3d_workspace_size sizes it, with
  * row = (token * num_q_heads + q_head) * num_segments + segment:
@@ -277,15 +278,20 @@ static void attend_block(const paged_job *j, paged_scratch *s, const paged_rows 
         attend_row(j, s, r, row, k0, k1 - k0);
 }
 
-/* Normalise one row into out (and out_lse); an empty row gives zeros and -inf. */
+/* Normalise one row into out (and out_lse), head h's sink folded in first; an empty row gives
+ * zeros and -inf (the sink's logit with a sink). */
 static void store_final(const paged_job *j, int64_t tok, int64_t h, const attnd_softmax *st,
                         const float *acc)
 {
-    const attnd_tensor *o = &j->p->out, *lse = &j->p->out_lse;
+    const attnd_tensor *o = &j->p->out, *lse = &j->p->out_lse, *sk = &j->p->sinks;
+    attnd_softmax s = *st;
+    float mul = 1.0f;
+    if (sk->data != NULL)
+        mul = attnd_softmax_sink(&s, ((const float *)sk->data)[h * sk->strides[0]]);
     attnd_row_store(o->data, o->dtype, tok * o->strides[0] + h * o->strides[1], acc, j->d,
-                    attnd_softmax_inv_sum(st));
+                    mul * attnd_softmax_inv_sum(&s));
     if (lse->data != NULL)
-        ((float *)lse->data)[h * lse->strides[0] + tok * lse->strides[1]] = attnd_softmax_lse(st);
+        ((float *)lse->data)[h * lse->strides[0] + tok * lse->strides[1]] = attnd_softmax_lse(&s);
 }
 
 static void rows_store(const paged_job *j, const paged_scratch *s, const paged_rows *r, int64_t seg)

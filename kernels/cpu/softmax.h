@@ -15,7 +15,8 @@ static inline void attnd_softmax_init(attnd_softmax *s, float *acc, int64_t d)
 {
     s->m = -INFINITY;
     s->l = 0.0f;
-    for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
+    for (int64_t i = 0; i < d; i++)
+        acc[i] = 0.0f;
 }
 
 /* Fold one logit x (may be -inf: ignored) with its value row v (v_scale applied by caller via
@@ -25,7 +26,8 @@ static inline float attnd_softmax_push(attnd_softmax *s, float *acc, int64_t d, 
     if (x == -INFINITY) return 0.0f;
     if (x > s->m) {
         float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - x);
-        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        for (int64_t i = 0; i < d; i++)
+            acc[i] *= alpha;
         s->l *= alpha;
         s->m = x;
     }
@@ -36,19 +38,21 @@ static inline float attnd_softmax_push(attnd_softmax *s, float *acc, int64_t d, 
 
 /* Merge a partial state (max m_b, exp-sum l_b, unnormalised acc_b) into s/acc, e.g. one split-KV
  * segment into the row's total. An empty partial (m_b = -inf) changes nothing. */
-static inline void attnd_softmax_fold(attnd_softmax *s, float *acc, int64_t d, float m_b,
-                                      float l_b, const float *acc_b)
+static inline void attnd_softmax_fold(attnd_softmax *s, float *acc, int64_t d, float m_b, float l_b,
+                                      const float *acc_b)
 {
     if (m_b == -INFINITY) return;
     if (m_b > s->m) {
         float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - m_b);
-        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        for (int64_t i = 0; i < d; i++)
+            acc[i] *= alpha;
         s->l *= alpha;
         s->m = m_b;
     }
     float beta = expf(m_b - s->m);
     s->l += beta * l_b;
-    for (int64_t i = 0; i < d; i++) acc[i] += beta * acc_b[i];
+    for (int64_t i = 0; i < d; i++)
+        acc[i] += beta * acc_b[i];
 }
 
 /* Fold a block of n logits x (masked entries -inf) into the state at once, as one FA2 tile does:
@@ -58,10 +62,12 @@ static inline void attnd_softmax_push_block(attnd_softmax *s, float *acc, int64_
                                             int64_t n)
 {
     float bm = -INFINITY;
-    for (int64_t j = 0; j < n; j++) bm = x[j] > bm ? x[j] : bm;
+    for (int64_t j = 0; j < n; j++)
+        bm = x[j] > bm ? x[j] : bm;
     if (bm > s->m) {
         float alpha = s->m == -INFINITY ? 0.0f : expf(s->m - bm);
-        for (int64_t i = 0; i < d; i++) acc[i] *= alpha;
+        for (int64_t i = 0; i < d; i++)
+            acc[i] *= alpha;
         s->l *= alpha;
         s->m = bm;
     }
@@ -70,6 +76,22 @@ static inline void attnd_softmax_push_block(attnd_softmax *s, float *acc, int64_
         x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - s->m);
         s->l += x[j];
     }
+}
+
+/* Fold a sink logit x (one more term of the denominator, with no value row) into the state.
+ * Returns the factor the row's accumulator must be multiplied by (the rescale to the new max);
+ * -inf is no sink. */
+static inline float attnd_softmax_sink(attnd_softmax *s, float x)
+{
+    float alpha = 1.0f;
+    if (x == -INFINITY) return alpha;
+    if (x > s->m) {
+        alpha = s->m == -INFINITY ? 0.0f : expf(s->m - x);
+        s->l *= alpha;
+        s->m = x;
+    }
+    s->l += expf(x - s->m);
+    return alpha;
 }
 
 /* Log-sum-exp of the row (-inf when nothing was pushed). */

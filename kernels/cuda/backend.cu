@@ -132,4 +132,5 @@ extern "C" const attnd_backend_ops attnd_cuda_backend_ops = {
     attnd_cuda_blocksparse,
     attnd_cuda_linear_prefill,
     attnd_cuda_linear_decode,
+    ATTND_FEATURE_SINKS | ATTND_FEATURE_F32_CACHE,
 };

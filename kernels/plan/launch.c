@@ -54,6 +54,7 @@ void attnd_plan_paged_params(const attnd_plan *plan, const void *index, int32_t 
     p->query_start_loc =
         index_tensor(plan, index, plan->qsl_local + l->qsl_off, ATTND_DTYPE_I32, 1, nq);
     p->alibi_slopes = layer->alibi_slopes;
+    p->sinks = layer->sinks;
     p->scale = layer->scale;
     p->k_scale = layer->k_scale;
     p->v_scale = layer->v_scale;

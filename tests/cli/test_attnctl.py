@@ -106,6 +106,12 @@ def tearDownModule() -> None:
 
 
 class Basics(unittest.TestCase):
+    def test_status_shows_every_layer(self) -> None:
+        r = attnctl("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("layers:       all 2: window 0, softcap 0, scale 0.176777, no ALiBi, no sinks",
+                      r.stdout)
+
     def test_version(self) -> None:
         for flag in ("--version", "-V"):
             r = attnctl(flag, url=None)
@@ -118,6 +124,7 @@ class Basics(unittest.TestCase):
         for word in ("--url", "--timeout", "--name", "--token", "--tls-ca", "--socket-only",
                      "--help", "--version", "$ATTND_URL", "$ATTND_TOKEN", "status", "info",
                      "seqs", "create", "fork", "free", "query", "attend", "bench", "--json",
+                     "truncate",
                      "--progress", "--clients", "--abort", "--lse", "--inline"):
             self.assertIn(word, r.stdout)
         self.assertEqual(attnctl("-h", url=None).stdout, r.stdout)
@@ -156,6 +163,8 @@ class BadCommandLines(unittest.TestCase):
         (("create",), "create: needs at least one sequence id"),
         (("create", "x1"), "create: 'x1' is not a sequence id"),
         (("fork", "1"), "fork: needs PARENT and CHILD"),
+        (("truncate", "1"), "truncate: needs a sequence id and a token count"),
+        (("truncate", "1", "x"), "truncate: 'x' is not a token count"),
         (("bench", "--seqs"), "bench: --seqs needs a value"),
         (("bench", "--seqs", "x"), "bench: --seqs: 'x' is not a number"),
         (("bench", "--context", "-1"), "bench: --context: '-1' is not a number"),
@@ -222,6 +231,10 @@ class Commands(unittest.TestCase):
         self.assertIn("created 7\ncreated 8\nforked 7 -> 9", r.stdout)
         self.assertIn("3 sequence(s)", r.stdout)
         self.assertIn("freed 9", r.stdout)
+        r = attnctl("create", "4", "+", "truncate", "4", "1")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("truncate: INVALID_ARGUMENT: tokens: 1 tokens to drop, sequence 4 has 0",
+                      r.stderr)
         r = attnctl("create", "7", "+", "create", "7")
         self.assertEqual(r.returncode, 1)
         self.assertIn("create: ALREADY_EXISTS", r.stderr)
@@ -233,9 +246,11 @@ class Commands(unittest.TestCase):
         write_npy(os.path.join(TMP, "k.npy"), (t, hk, d), [0.02 * (i % 7) for i in range(t * hk * d)])
         write_npy(os.path.join(TMP, "v.npy"), (t, hk, d), v_row * t)
         r = attnctl("create", "1", "+", "attend", "q.npy", "k.npy", "v.npy", "out.npy",
-                    "--seqs", "1:3", "--layer", "1", "+", "query", "1", "+", "free", "1")
+                    "--seqs", "1:3", "--layer", "1", "+", "truncate", "1", "1", "+", "query", "1",
+                    "+", "free", "1")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("attend: 3 tokens in 1 sequence(s), layer 1, f32 via shm", r.stdout)
+        self.assertIn("truncated 1 by 1: 2 tokens, 1 blocks", r.stdout)
         shape, out = read_npy(os.path.join(TMP, "out.npy"))
         self.assertEqual(tuple(shape), (t, hq, d))
         # every key's value row is the same, so every output row is that row (softmax weights

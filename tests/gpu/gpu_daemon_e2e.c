@@ -8,8 +8,9 @@
  * in the first step, sequences joining with a prefill and a chunked prefill (with context) in
  * the middle of decode steps, so that every plan mixes decode runs and prefill runs.
  *
- * For every layer of every step the daemon's output (written into the worker's memory) is
- * compared with
+ * The layers differ (geometry.layers, a pattern of 4: none; window 100; softcap 30 with sinks;
+ * given ALiBi slopes with sinks and window 77). For every layer of every step the daemon's output
+ * (written into the worker's memory) is compared with
  *   - the CUDA ops called directly here on the same device tensors, replaying the daemon's plan
  *     (attnd_plan_run_layer, kernels/plan/): bit-identical, out and LSE;
  *   - the cpu backend on the same inputs: relative L2 within attnd_tol_for(bf16) (LSE 1e-3).
@@ -21,7 +22,8 @@
  * and several clients at once get bit for bit what one gets alone (e2e_concurrent.c). Before the
  * steps: varlen and block-sparse with cu_seqlens and layouts in device memory, read (copied to
  * the daemon's host, never dereferenced there), checked, and flipped by a thread with cudaMemcpy
- * during requests (e2e_indices.c).
+ * during requests (e2e_indices.c). An f32 cache with per-layer options: a cuda daemon against a
+ * cpu daemon on the same steps (e2e_f32.c).
  *
  * Prints "gpu_daemon_e2e: N passed, M failed"; exit status 1 on any failure. */
 #include <cuda_runtime.h>
@@ -36,6 +38,7 @@
 #include "check.h"
 #include "daemon_proc.h"
 #include "e2e_concurrent.h"
+#include "e2e_f32.h"
 #include "e2e_indices.h"
 #include "testutil.h"
 
@@ -49,13 +52,54 @@
 #define MAX_ROWS 1024
 #define DECODE_STEPS 100
 
+/* The daemon's configuration: "@LAYERS@" becomes geometry.layers (config_with_layers). */
 #define CONFIG                                                                                     \
     "{\"backend\": \"auto\", \"device\": 0, \"server\": {\"listen\": \"@URL@\"},"                  \
     " \"geometry\": {\"num_layers\": 32, \"num_q_heads\": 32, \"num_kv_heads\": 8,"                \
     " \"head_size\": 128, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 1024,"    \
-    " \"max_blocks_per_seq\": 128, \"gpu_memory_fraction\": 0.08},"                                \
+    " \"max_blocks_per_seq\": 128, \"gpu_memory_fraction\": 0.08, \"layers\": @LAYERS@},"          \
     " \"linear\": {\"slots\": 0}, \"limits\": {\"max_step_tokens\": 4096},"                        \
     " \"log\": {\"level\": \"info\", \"stats_interval_s\": 0}}"
+
+/* Layer l's options, as the test writes them into the config (entry l % 4 of the pattern). */
+typedef struct layer_opts {
+    int32_t window;
+    float softcap;
+    int alibi; /* given slopes: g_slopes */
+    int sinks; /* 0 none, 1 g_sinks[0], 2 g_sinks[1] */
+} layer_opts;
+
+static const layer_opts kLayerOpts[4] = {
+    {0, 0, 0, 0}, {100, 0, 0, 0}, {0, 30, 0, 1}, {77, 0, 1, 2}};
+static float g_slopes[HQ], g_sinks[2][HQ];
+
+static void put_floats(char *buf, size_t n, const char *key, const float *x)
+{
+    size_t k = strlen(buf);
+    k += (size_t)snprintf(buf + k, n - k, "\"%s\": [", key);
+    for (int h = 0; h < HQ; h++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%.9g", h ? ", " : "", (double)x[h]);
+    snprintf(buf + k, n - k, "]");
+}
+
+/* The options' values, and CONFIG with its "@LAYERS@" filled, into buf. */
+static void config_with_layers(char *buf, size_t n)
+{
+    char layers[4096] = "[{}, {\"sliding_window\": 100}, {\"softcap\": 30, ";
+    for (int h = 0; h < HQ; h++) {
+        g_slopes[h] = powf(2.0f, -(float)(h + 1) / 4.0f);
+        g_sinks[0][h] = 0.25f * (float)(h % 9) - 0.5f;
+        g_sinks[1][h] = h % 3 == 0 ? 4.0f : -1.5f;
+    }
+    put_floats(layers, sizeof layers, "sinks", g_sinks[0]);
+    strncat(layers, "}, {\"sliding_window\": 77, ", sizeof layers - strlen(layers) - 1);
+    put_floats(layers, sizeof layers, "alibi_slopes", g_slopes);
+    strncat(layers, ", ", sizeof layers - strlen(layers) - 1);
+    put_floats(layers, sizeof layers, "sinks", g_sinks[1]);
+    strncat(layers, "}]", sizeof layers - strlen(layers) - 1);
+    const char *at = strstr(CONFIG, "@LAYERS@");
+    snprintf(buf, n, "%.*s%s%s", (int)(at - CONFIG), CONFIG, layers, at + 8);
+}
 
 typedef struct worker {
     attnd_client *c;
@@ -70,6 +114,7 @@ typedef struct worker {
     void *dout, *dlse; /* direct-call outputs */
     void *dk[NL], *dv[NL];
     void *dindex, *ws3d, *hws3d;
+    float *dslopes, *dsinks[2]; /* device copies of g_slopes and g_sinks */
     size_t ws3d_bytes;
     uint16_t *hq, *hk, *hv, *hout, *hout_direct, *hout_cpu; /* host rows, MAX_ROWS */
     float *hlse, *hlse_direct, *hlse_cpu;
@@ -143,6 +188,12 @@ static void worker_buffers(worker *w)
     CU(cudaMalloc(&w->ws3d, w->ws3d_bytes));
     w->hws3d = xmalloc(w->ws3d_bytes);
     CU(cudaMalloc(&w->dindex, (size_t)1 << 20));
+    CU(cudaMalloc((void **)&w->dslopes, sizeof g_slopes));
+    CU(cudaMemcpy(w->dslopes, g_slopes, sizeof g_slopes, cudaMemcpyHostToDevice));
+    for (int i = 0; i < 2; i++) {
+        CU(cudaMalloc((void **)&w->dsinks[i], sizeof g_sinks[i]));
+        CU(cudaMemcpy(w->dsinks[i], g_sinks[i], sizeof g_sinks[i], cudaMemcpyHostToDevice));
+    }
     w->hq = xmalloc(q);
     w->hout = xmalloc(q);
     w->hout_direct = xmalloc(q);
@@ -295,17 +346,35 @@ static attnd_plan_layer bf16_layer(void *q, void *k, void *v, void *out, void *l
     return l;
 }
 
+/* Layer `layer`'s options into l, its slopes and sinks from device memory or the host's. */
+static void layer_options(const worker *w, int layer, int device, attnd_plan_layer *l)
+{
+    const layer_opts *o = &kLayerOpts[layer % 4];
+    int64_t hq = HQ;
+    l->sliding_window = o->window;
+    l->softcap = o->softcap;
+    if (o->alibi)
+        attnd_tensor_init(&l->alibi_slopes, device ? (void *)w->dslopes : (void *)g_slopes,
+                          ATTND_DTYPE_F32, 1, &hq);
+    if (o->sinks)
+        attnd_tensor_init(&l->sinks,
+                          device ? (void *)w->dsinks[o->sinks - 1] : (void *)g_sinks[o->sinks - 1],
+                          ATTND_DTYPE_F32, 1, &hq);
+}
+
 /* The same layer with the CUDA ops called directly, and with the cpu backend. */
 static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T, float scale)
 {
     attnd_plan_layer g = bf16_layer(w->dbuf + w->off_q, w->dbuf + w->off_k, w->dbuf + w->off_v,
                                     w->dout, w->dlse, w->dk[layer], w->dv[layer], T, scale);
+    layer_options(w, layer, 1, &g);
     CU(cudaMemset(w->dout, 0xff, (size_t)T * HQ * HD * 2));
     CU(cudaMemset(w->dlse, 0xff, (size_t)T * HQ * 4));
     AK(attnd_plan_run_layer(w->gpu, plan, w->dindex, &g, w->ws3d), w->gpu);
     AK(attnd_backend_sync(w->gpu), w->gpu);
     attnd_plan_layer c = bf16_layer(w->hq, w->hk, w->hv, w->hout_cpu, w->hlse_cpu, w->ck[layer],
                                     w->cv[layer], T, scale);
+    layer_options(w, layer, 0, &c);
     AK(attnd_plan_run_layer(w->cpu, plan, plan->slot_mapping, &c, w->hws3d), w->cpu);
 }
 
@@ -563,26 +632,46 @@ static void print_daemon_events(const attnd_daemon_proc *d)
     fclose(f);
 }
 
+/* The layers' options as Hello reports them: the per-layer geometry the test configured. */
+static void check_reported_layers(worker *w)
+{
+    const attnd_geometry *g = &attnd_client_server(w->c)->geometry;
+    int ok = g->layers != NULL;
+    for (uint32_t l = 0; ok && l < g->num_layers; l++) {
+        const layer_opts *o = &kLayerOpts[l % 4];
+        const attnd_layer_opts *r = &g->layers[l];
+        ok = (int32_t)r->sliding_window == o->window && r->softcap == o->softcap &&
+             (r->num_alibi_slopes != 0) == o->alibi && (r->num_sinks != 0) == (o->sinks != 0) &&
+             (!o->sinks || memcmp(r->sinks, g_sinks[o->sinks - 1], sizeof g_sinks[0]) == 0);
+    }
+    check(w, ok, "Hello reports every layer's options as configured");
+}
+
 int main(void)
 {
-    attnd_daemon_proc gpu_d, cpu_d;
+    attnd_daemon_proc gpu_d, cpu_d, f32_cuda, f32_cpu;
     worker w;
+    static char config[16384];
     memset(&w, 0, sizeof w);
+    config_with_layers(config, sizeof config);
     /* the daemons first: fork before this process initialises CUDA */
-    if (attnd_daemon_start(&gpu_d, CONFIG) != 0) return 1;
+    if (attnd_daemon_start(&gpu_d, config) != 0) return 1;
     if (attnd_daemon_start(&cpu_d, ATTND_TEST_CONFIG_SMALL) != 0) return 1;
+    if (attnd_e2e_f32_start(&f32_cuda, &f32_cpu) != 0) return 1;
     if (worker_open(&w, &gpu_d) == 0) {
         char report[320];
         check_bad_handles(&w);
+        check_reported_layers(&w);
         attnd_e2e_device_indices(&gpu_d, w.cpu, worker_check, &w);
         run_steps(&w);
         check_cpu_daemon(&w, &cpu_d);
         check(&w, attnd_e2e_concurrent(&gpu_d, report, sizeof report) == 0, report);
+        check(&w, attnd_e2e_f32_run(&f32_cuda, &f32_cpu, report, sizeof report) == 0, report);
     }
     attnd_client_free(w.c);
     print_daemon_events(&gpu_d);
     if (w.fail) attnd_daemon_dump_log(&gpu_d);
-    int st = attnd_daemon_stop(&cpu_d);
+    int st = attnd_daemon_stop(&cpu_d) | attnd_daemon_stop(&f32_cpu) | attnd_daemon_stop(&f32_cuda);
     check(&w, attnd_daemon_stop(&gpu_d) == 0 && st == 0, "both daemons exit cleanly on SIGTERM");
     printf("gpu_daemon_e2e: %d passed, %d failed\n", w.pass, w.fail);
     return w.fail ? 1 : 0;

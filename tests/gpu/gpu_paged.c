@@ -1,8 +1,9 @@
 /* gpu_paged: the cuda backend's paged attention (2D and 3D) and cache write against the cpu
  * backend, on fresh random inputs over a grid of shapes: GQA/MQA, head sizes 32..256 (non-powers
  * of two), block sizes 16/32/64, contexts that are not multiples of the block size, empty and
- * one-token sequences, every cache dtype, Q and output in f32/f16/bf16, sliding window, softcap,
- * ALiBi, LSE, padded (strided) Q and output rows, 1..many segments. Outputs are poisoned (NaN)
+ * one-token sequences, every cache dtype (f32: the exact kernel, held to f32 accuracy), Q and
+ * output in f32/f16/bf16, sliding window, softcap, ALiBi, sinks, LSE, padded (strided) Q and
+ * output rows, 1..many segments. Outputs are poisoned (NaN)
  * before each run, so an unwritten element fails; NaN never passes. The float64 reference of
  * tests/support checks the cpu backend on the same inputs where the case is small enough.
  *
@@ -34,6 +35,7 @@ typedef struct pcase {
     int window;
     float softcap;
     int alibi, lse;
+    int sinks; /* a sink logit per q head (one head's -inf: none) */
     int segments;
     int q_pad, out_pad; /* innermost row length in elements (0: contiguous) */
     double q_sigma;
@@ -109,6 +111,9 @@ static double tol_of(attnd_dtype dt)
  * is exact); Q is rounded to that type, P too, accumulation is f32. */
 static double case_tol(const pcase *c)
 {
+    /* an f32 cache: exact f32 math on both sides, only the output's rounding differs */
+    if (c->cache_dt == ATTND_DTYPE_F32)
+        return c->out_dt == ATTND_DTYPE_F32 ? 1e-5 : tol_of(c->out_dt);
     double t = tol_of(c->cache_dt == ATTND_DTYPE_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16);
     double to = tol_of(c->out_dt);
     if (to > t) t = to;
@@ -140,7 +145,7 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     const float k_scale = c->cache_dt == ATTND_DTYPE_FP8_E4M3 ? 0.04f : 1.0f;
     const float v_scale = c->cache_dt == ATTND_DTYPE_FP8_E4M3 ? 0.03f : 1.0f;
 
-    attnd_test_tensor q, kc, vc, out, lse, bt, sl, qsl, alibi, ws;
+    attnd_test_tensor q, kc, vc, out, lse, bt, sl, qsl, alibi, sinks, ws;
     int64_t qshape[3] = {T, c->hq, c->d};
     int64_t cshape[4] = {num_blocks, c->bs, c->hk, c->d};
     int64_t lshape[2] = {c->hq, T};
@@ -155,7 +160,15 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     attnd_tt_alloc(&sl, ATTND_DTYPE_I32, 1, sshape);
     attnd_tt_alloc(&qsl, ATTND_DTYPE_I32, 1, qslshape);
     memset(&alibi, 0, sizeof alibi);
+    memset(&sinks, 0, sizeof sinks);
     if (c->alibi) attnd_tt_alloc(&alibi, ATTND_DTYPE_F32, 1, ashape);
+    if (c->sinks) {
+        attnd_tt_alloc(&sinks, ATTND_DTYPE_F32, 1, ashape);
+        for (int h = 0; h < c->hq; h++) {
+            int64_t i1[1] = {h};
+            attnd_tt_set(&sinks, i1, h == 1 ? -INFINITY : attnd_rng_uniform(rng, -3.0, 4.0));
+        }
+    }
     attnd_tt_fill_normal(&q, rng, c->q_sigma, 1.0);
     attnd_tt_fill_normal(&kc, rng, 1.0, k_scale);
     attnd_tt_fill_normal(&vc, rng, 1.0, v_scale);
@@ -206,6 +219,7 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     p.seq_lens = sl.t;
     p.query_start_loc = qsl.t;
     if (c->alibi) p.alibi_slopes = alibi.t;
+    if (c->sinks) p.sinks = sinks.t;
     p.scale = (float)(1.0 / sqrt((double)c->d));
     p.k_scale = k_scale;
     p.v_scale = v_scale;
@@ -230,12 +244,13 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     }
 
     /* device copies */
-    dev_tensor dq, dkc, dvc, dout, dlse, dbt, dsl, dqsl, dal;
+    dev_tensor dq, dkc, dvc, dout, dlse, dbt, dsl, dqsl, dal, dsk;
     memset(&dal, 0, sizeof dal);
+    memset(&dsk, 0, sizeof dsk);
     int bad = dev_upload(&dq, &q) || dev_upload(&dkc, &kc) || dev_upload(&dvc, &vc) ||
               dev_upload(&dout, &out) || dev_upload(&dlse, &lse) || dev_upload(&dbt, &bt) ||
               dev_upload(&dsl, &sl) || dev_upload(&dqsl, &qsl) ||
-              (c->alibi && dev_upload(&dal, &alibi));
+              (c->alibi && dev_upload(&dal, &alibi)) || (c->sinks && dev_upload(&dsk, &sinks));
     if (bad) {
         printf("FAIL setup     %s: device allocation/copy: %s\n", c->name,
                attnd_backend_last_error(g_cuda));
@@ -252,6 +267,7 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     dp.seq_lens = dsl.t;
     dp.query_start_loc = dqsl.t;
     if (c->alibi) dp.alibi_slopes = dal.t;
+    if (c->sinks) dp.sinks = dsk.t;
 
     for (int form = 0; form < 2; form++) {
         const char *what = form == 0 ? "paged_2d" : "paged_3d";
@@ -339,6 +355,7 @@ done_dev:
     dev_free(&dsl);
     dev_free(&dqsl);
     if (c->alibi) dev_free(&dal);
+    if (c->sinks) dev_free(&dsk);
     free(ref);
     free(ref_lse);
     attnd_tt_free(&q);
@@ -350,6 +367,7 @@ done_dev:
     attnd_tt_free(&sl);
     attnd_tt_free(&qsl);
     if (c->alibi) attnd_tt_free(&alibi);
+    if (c->sinks) attnd_tt_free(&sinks);
     (void)ws;
 }
 
@@ -463,16 +481,18 @@ done:
 
 /* ---------------------------------------------------------------- the grid */
 
-static const attnd_dtype kCache[3] = {ATTND_DTYPE_BF16, ATTND_DTYPE_F16, ATTND_DTYPE_FP8_E4M3};
+static const attnd_dtype kCache[4] = {ATTND_DTYPE_BF16, ATTND_DTYPE_F16, ATTND_DTYPE_FP8_E4M3,
+                                      ATTND_DTYPE_F32};
 static const attnd_dtype kFloat[3] = {ATTND_DTYPE_BF16, ATTND_DTYPE_F16, ATTND_DTYPE_F32};
 
 static void name_case(pcase *c, const char *tag)
 {
-    int n = snprintf(c->name, sizeof c->name,
-                     "%s hq=%d hk=%d d=%d bs=%d q=%s kv=%s o=%s w=%d cap=%g alibi=%d seqs=%d[", tag,
-                     c->hq, c->hk, c->d, c->bs, attnd_dtype_name(c->q_dt),
-                     attnd_dtype_name(c->cache_dt), attnd_dtype_name(c->out_dt), c->window,
-                     (double)c->softcap, c->alibi, c->num_seqs);
+    int n =
+        snprintf(c->name, sizeof c->name,
+                 "%s hq=%d hk=%d d=%d bs=%d q=%s kv=%s o=%s w=%d cap=%g alibi=%d sinks=%d seqs=%d[",
+                 tag, c->hq, c->hk, c->d, c->bs, attnd_dtype_name(c->q_dt),
+                 attnd_dtype_name(c->cache_dt), attnd_dtype_name(c->out_dt), c->window,
+                 (double)c->softcap, c->alibi, c->sinks, c->num_seqs);
     for (int s = 0; s < c->num_seqs && s < 3 && n < (int)sizeof c->name - 24; s++)
         n += snprintf(c->name + n, sizeof c->name - (size_t)n, "%d+%d ", c->qlen[s], c->ctx[s]);
     if (n < (int)sizeof c->name - 6) snprintf(c->name + n, sizeof c->name - (size_t)n, "..]");
@@ -509,10 +529,11 @@ static const int kMixC[8] = {0, 1, 37, 60, 0, 100, 9, 200};
 static void reduced_grid(attnd_rng *rng)
 {
     pcase c;
-    /* decode tiles, 3 segments, each cache dtype */
-    for (int i = 0; i < 3; i++) {
+    /* decode tiles, 3 segments, each cache dtype (f32: the exact kernel), sinks on two */
+    for (int i = 0; i < 4; i++) {
         base_case(&c);
         c.cache_dt = kCache[i];
+        c.sinks = i % 2;
         c.d = i == 2 ? 80 : 128;
         set_seqs(&c, 8, kMixQ, kMixC);
         name_case(&c, "reduced-mix");
@@ -541,9 +562,20 @@ static void reduced_grid(attnd_rng *rng)
         c.bs = 64;
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
+        c.sinks = 1; /* the sm90 / sm80 prefill epilogue's sink */
+        c.cache_dt = ATTND_DTYPE_BF16;
+        c.d = 128;
+        c.bs = 16;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
+        c.cache_dt = ATTND_DTYPE_F32; /* every option on the exact kernel */
+        c.d = 72;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
     }
     run_cache_write_case(37, 2, 128, 16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3, 0, rng);
     run_cache_write_case(20, 3, 40, 32, ATTND_DTYPE_F32, ATTND_DTYPE_BF16, 1, rng);
+    run_cache_write_case(20, 2, 64, 16, ATTND_DTYPE_BF16, ATTND_DTYPE_F32, 0, rng);
 }
 
 static void full_grid(attnd_rng *rng)
@@ -557,10 +589,11 @@ static void full_grid(attnd_rng *rng)
 
     /* 1. every head size x cache dtype on the mixed batch, rotating the other axes */
     for (int di = 0; di < 12; di++)
-        for (int ci = 0; ci < 3; ci++, k++) {
+        for (int ci = 0; ci < 4; ci++, k++) {
             base_case(&c);
             c.d = dims[di];
             c.cache_dt = kCache[ci];
+            c.sinks = k % 3 == 1;
             c.hq = heads[k % 6][0];
             c.hk = heads[k % 6][1];
             c.bs = bss[k % 3];
@@ -575,9 +608,9 @@ static void full_grid(attnd_rng *rng)
             run_paged_case(&c, rng);
         }
 
-    /* 2. features (window, softcap, ALiBi, all) x cache dtype x GQA 1/4/8/32 */
-    for (int f = 0; f < 4; f++)
-        for (int ci = 0; ci < 3; ci++)
+    /* 2. features (window, softcap, ALiBi, all, sinks with all) x cache dtype x GQA 1/4/8/32 */
+    for (int f = 0; f < 5; f++)
+        for (int ci = 0; ci < 4; ci++)
             for (int hi = 0; hi < 4; hi++, k++) {
                 static const int hsel[4] = {0, 1, 2, 4};
                 base_case(&c);
@@ -586,9 +619,10 @@ static void full_grid(attnd_rng *rng)
                 c.cache_dt = kCache[ci];
                 c.d = (f + ci) % 2 ? 128 : 96;
                 c.bs = bss[(f + hi) % 3];
-                c.window = (f == 0 || f == 3) ? 1 + (int)attnd_rng_int(rng, 0, 70) : 0;
-                c.softcap = (f == 1 || f == 3) ? 6.0f : 0.0f;
+                c.window = (f == 0 || f >= 3) ? 1 + (int)attnd_rng_int(rng, 0, 70) : 0;
+                c.softcap = (f == 1 || f >= 3) ? 6.0f : 0.0f;
                 c.alibi = f >= 2;
+                c.sinks = f == 4;
                 c.q_sigma = f == 1 ? 3.0 : 1.0;
                 c.segments = segs[k % 6];
                 c.out_dt = kFloat[k % 3];
@@ -598,13 +632,15 @@ static void full_grid(attnd_rng *rng)
                 run_paged_case(&c, rng);
             }
 
-    /* 3. decode batches (3D's case): contexts around block edges, many segments */
-    for (int ci = 0; ci < 3; ci++)
+    /* 3. decode batches (3D's case): contexts around block edges, many segments (the reduce's
+     * sink on half) */
+    for (int ci = 0; ci < 4; ci++)
         for (int si = 0; si < 6; si++, k++) {
             base_case(&c);
             c.hq = 32;
             c.hk = 8;
             c.cache_dt = kCache[ci];
+            c.sinks = si % 2;
             c.bs = bss[si % 3];
             c.segments = segs[si];
             c.q_dt = kFloat[si % 2];
@@ -619,10 +655,11 @@ static void full_grid(attnd_rng *rng)
         }
 
     /* 4. prefill tiles: long queries with and without context (full 128-row tiles, causal) */
-    for (int ci = 0; ci < 3; ci++)
+    for (int ci = 0; ci < 4; ci++)
         for (int hi = 0; hi < 3; hi++, k++) {
             static const int hsel[3] = {1, 0, 5};
             base_case(&c);
+            c.sinks = hi == 1;
             c.hq = heads[hsel[hi]][0];
             c.hk = heads[hsel[hi]][1];
             c.cache_dt = kCache[ci];
@@ -644,9 +681,10 @@ static void full_grid(attnd_rng *rng)
         c.hk = heads[hi][1];
         c.d = 8 * (int)attnd_rng_int(rng, 4, 32);
         c.bs = bss[attnd_rng_int(rng, 0, 2)];
-        c.cache_dt = kCache[attnd_rng_int(rng, 0, 2)];
+        c.cache_dt = kCache[attnd_rng_int(rng, 0, 3)];
         c.q_dt = kFloat[attnd_rng_int(rng, 0, 2)];
         c.out_dt = kFloat[attnd_rng_int(rng, 0, 2)];
+        c.sinks = (int)attnd_rng_int(rng, 0, 1);
         c.window = attnd_rng_int(rng, 0, 2) == 0 ? (int)attnd_rng_int(rng, 1, 300) : 0;
         c.softcap = attnd_rng_int(rng, 0, 3) == 0 ? 10.0f : 0.0f;
         c.alibi = attnd_rng_int(rng, 0, 3) == 0;
@@ -673,6 +711,7 @@ static void full_grid(attnd_rng *rng)
         c.bs = bss[ci + 1];
         c.window = ci ? 700 : 0;
         c.softcap = ci ? 0.0f : 20.0f;
+        c.sinks = ci;
         c.segments = 1;
         static const int q[4] = {1024, 700, 1, 900}, x[4] = {512, 0, 333, 1234};
         set_seqs(&c, 4, q, x);
@@ -682,7 +721,7 @@ static void full_grid(attnd_rng *rng)
 
     /* cache write: every source x cache dtype, block sizes, odd head sizes, i32 and i64 slots */
     for (int si = 0; si < 3; si++)
-        for (int ci = 0; ci < 3; ci++) {
+        for (int ci = 0; ci < 4; ci++) {
             static const int d[3] = {128, 40, 256};
             run_cache_write_case(50 + 13 * si, 1 + ci, d[(si + ci) % 3], bss[(si + 2 * ci) % 3],
                                  kFloat[si], kCache[ci], (si + ci) % 2, rng);

@@ -97,6 +97,12 @@ int attnd_mirror_fork(attnd_mirror *m, uint64_t parent, uint64_t child)
     return 0;
 }
 
+void attnd_mirror_truncate(attnd_mirror *m, uint64_t id, int32_t n)
+{
+    attnd_mirror_seq *s = find(m, id);
+    if (s != NULL) s->len = n < s->len ? s->len - n : 0;
+}
+
 void attnd_mirror_free(attnd_mirror *m, uint64_t id)
 {
     attnd_mirror_seq *s = find(m, id);
@@ -153,18 +159,31 @@ attnd_err attnd_mirror_attend(attnd_mirror *m, uint32_t layer, const attnd_tenso
 {
     attnd_cache_write_params cw;
     attnd_paged_params p;
-    int64_t lshape[2] = {m->g.num_q_heads, m->num_tokens};
+    int64_t lshape[2] = {m->g.num_q_heads, m->num_tokens}, hq = m->g.num_q_heads;
     attnd_err rv;
+    memset(&p, 0, sizeof p);
+    p.scale = m->g.scale;
+    p.k_scale = m->o.k_scale;
+    p.v_scale = m->o.v_scale;
+    p.softcap = m->o.softcap;
+    p.sliding_window = m->o.sliding_window;
+    if (m->g.layers != NULL) { /* the layer's own options, as the daemon reported them */
+        const attnd_layer_opts *l = &m->g.layers[layer];
+        p.scale = l->scale, p.softcap = l->softcap, p.sliding_window = (int32_t)l->sliding_window;
+        p.k_scale = l->k_scale, p.v_scale = l->v_scale;
+        if (l->alibi_slopes)
+            attnd_tensor_init(&p.alibi_slopes, (void *)l->alibi_slopes, ATTND_DTYPE_F32, 1, &hq);
+        if (l->sinks) attnd_tensor_init(&p.sinks, (void *)l->sinks, ATTND_DTYPE_F32, 1, &hq);
+    }
     memset(&cw, 0, sizeof cw);
     cw.key = *k;
     cw.value = *v;
     cw.k_cache = m->kc[layer].t;
     cw.v_cache = m->vc[layer].t;
     cw.slot_mapping = m->slots.t;
-    cw.k_scale = m->o.k_scale;
-    cw.v_scale = m->o.v_scale;
+    cw.k_scale = p.k_scale;
+    cw.v_scale = p.v_scale;
     if ((rv = attnd_cache_write(m->cpu, &cw)) != ATTND_ERR_OK) return rv;
-    memset(&p, 0, sizeof p);
     p.q = *q;
     p.k_cache = m->kc[layer].t;
     p.v_cache = m->vc[layer].t;
@@ -173,11 +192,6 @@ attnd_err attnd_mirror_attend(attnd_mirror *m, uint32_t layer, const attnd_tenso
     p.block_tables = m->bt.t;
     p.seq_lens = m->sl.t;
     p.query_start_loc = m->qsl.t;
-    p.scale = m->g.scale;
-    p.k_scale = m->o.k_scale;
-    p.v_scale = m->o.v_scale;
-    p.softcap = m->o.softcap;
-    p.sliding_window = m->o.sliding_window;
     p.max_query_len = m->max_qlen;
     p.max_seq_len = m->max_seqlen;
     if ((rv = attnd_paged_attention_2d(m->cpu, &p)) != ATTND_ERR_OK) return rv;

@@ -18,7 +18,9 @@
 #define ATTND_MIRROR_MAX_SEQS 8 /* live sequences of one mirror */
 #define ATTND_MIRROR_MAX_LAYERS 8
 
-/* Options of the daemon's config the geometry message does not carry. */
+/* Options of the daemon's config, used where the geometry does not list its layers (a geometry
+ * that lists them, as every Hello now does, gives each layer's own: window, softcap, scale, ALiBi
+ * slopes, sinks, fp8 scales). */
 typedef struct attnd_mirror_opts {
     int32_t sliding_window;
     float softcap;
@@ -56,6 +58,8 @@ void attnd_mirror_fini(attnd_mirror *m);
 int attnd_mirror_create(attnd_mirror *m, uint64_t id);
 int attnd_mirror_fork(attnd_mirror *m, uint64_t parent, uint64_t child);
 void attnd_mirror_free(attnd_mirror *m, uint64_t id);
+/* Drop the last n tokens of a sequence (its rows are rewritten by later steps). */
+void attnd_mirror_truncate(attnd_mirror *m, uint64_t id, int32_t n);
 /* Committed tokens of a sequence (-1 if unknown). */
 int32_t attnd_mirror_len(const attnd_mirror *m, uint64_t id);
 /* A step over n sequences (same order as the daemon's BeginStep). 0 on success. */

@@ -44,18 +44,21 @@ static double logit(const attnd_paged_params *p, const double *q, const double *
     return x;
 }
 
-/* One output row o[hd] from every logit at once; returns its LSE. */
+/* One output row o[hd] from every logit at once, head h's sink (when p has sinks) one more term
+ * of the denominator with no value row; returns its LSE. */
 static double attend_row(const attnd_paged_params *p, const double *K, const double *V, int64_t t,
                          int64_t h, int64_t pos, int64_t seq_len, double *w, double *o)
 {
     int64_t hd = p->q.shape[2], hkv = p->k_cache.shape[2], kh = h / (p->q.shape[1] / hkv);
     double q[ATTND_HEAD_SIZE_MAX], mx = -INFINITY, sum = 0.0;
+    double sink = p->sinks.data != NULL ? at(&p->sinks, h, 0, 0, 0) : -INFINITY;
     for (int64_t d = 0; d < hd; d++)
         q[d] = at(&p->q, t, h, d, 0);
     for (int64_t j = 0; j < seq_len; j++) {
         w[j] = logit(p, q, K + (j * hkv + kh) * hd, h, pos, j);
         if (w[j] > mx) mx = w[j];
     }
+    if (sink > mx) mx = sink;
     for (int64_t d = 0; d < hd; d++)
         o[d] = 0.0;
     if (mx == -INFINITY) return -INFINITY;
@@ -63,6 +66,7 @@ static double attend_row(const attnd_paged_params *p, const double *K, const dou
         w[j] = w[j] == -INFINITY ? 0.0 : exp(w[j] - mx);
         sum += w[j];
     }
+    if (sink != -INFINITY) sum += exp(sink - mx);
     for (int64_t j = 0; j < seq_len; j++)
         for (int64_t d = 0; d < hd && w[j] != 0.0; d++)
             o[d] += w[j] / sum * V[(j * hkv + kh) * hd + d];

@@ -81,6 +81,21 @@ typedef struct attnd_client_opts {
     int32_t spin_us;
 } attnd_client_opts;
 
+/* One layer's attention options: as the daemon applies them (attnd_geometry.layers, every key
+ * resolved), or as a client expects them (attnd_expect.layer_opts, compared within 1e-6
+ * relative). */
+typedef struct attnd_layer_opts {
+    uint32_t sliding_window;   /* 0 = off */
+    float softcap;             /* 0 = off */
+    float scale;               /* softmax scale (expect: 0 = 1/sqrt(head_size)) */
+    float k_scale, v_scale;    /* fp8 cache scales (expect: 0 = not compared) */
+    int32_t alibi;             /* 1: ALiBi */
+    uint32_t num_alibi_slopes; /* num_q_heads with ALiBi (expect: 0 = the standard slopes) */
+    const float *alibi_slopes;
+    uint32_t num_sinks; /* num_q_heads with sinks, 0 without */
+    const float *sinks; /* sink logits */
+} attnd_layer_opts;
+
 /* The daemon's fixed geometry (HelloReply.geometry, StatusReply.geometry). */
 typedef struct attnd_geometry {
     uint32_t num_layers;
@@ -95,7 +110,27 @@ typedef struct attnd_geometry {
     uint32_t linear_slots; /* 0 = no linear-attention state cache */
     uint32_t linear_heads;
     uint32_t linear_head_dim;
+    /* every layer windowed: blocks wholly before this many tokens behind a sequence's end are
+     * released (attnd_seq_info.released_tokens); 0 = every block is kept */
+    uint32_t window_release;
+    /* [num_layers] every layer's options; the client's memory: Hello's stay valid until the next
+     * Hello or attnd_client_free, Status's until the next attnd_client_status on this client */
+    const attnd_layer_opts *layers;
 } attnd_geometry;
+
+/* The geometry a client expects: sent with every later Hello (attnd_client_set_expect), which
+ * the daemon refuses with FAILED_PRECONDITION naming the first difference ("geometry.layers[3]
+ * .softcap: the daemon serves 0, the client expects 50"), so that a daemon configured for
+ * another model never serves silently wrong results. */
+typedef struct attnd_expect {
+    uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size; /* 0 = not compared */
+    int32_t compare_cache_dtype; /* 1: cache_dtype is compared */
+    attnd_dtype cache_dtype;
+    /* 0 = layers not compared; else it divides num_layers and entry i % num_layer_opts is
+     * layer i's (Gemma-2: 2 entries) */
+    uint32_t num_layer_opts;
+    const attnd_layer_opts *layer_opts;
+} attnd_expect;
 
 /* Per-session limits (HelloReply.limits). */
 typedef struct attnd_limits {
@@ -135,7 +170,8 @@ typedef struct attnd_seq_info {
     uint64_t seq_id;
     uint32_t num_tokens;
     uint32_t num_blocks;
-    uint64_t step; /* open step holding it, 0 if none */
+    uint64_t step;            /* open step holding it, 0 if none */
+    uint32_t released_tokens; /* leading tokens whose blocks the window released */
 } attnd_seq_info;
 
 /* One sequence of a BeginStep. */
@@ -197,8 +233,13 @@ ATTND_CLIENT_API attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_
  * nothing listens there (or the TLS handshake fails), INVALID_ARGUMENT for an empty or malformed
  * URL or a tls+tcp:// URL without a CA (attnd_client_set_tls). */
 ATTND_CLIENT_API attnd_err attnd_client_dial(attnd_client *c, const char *url);
+/* What every later Hello expects of the daemon's geometry (deep-copied; NULL: nothing). Set it
+ * before attnd_client_connect / attnd_client_hello. INVALID_ARGUMENT for arrays of
+ * num_alibi_slopes / num_sinks without their pointers, NO_MEMORY. */
+ATTND_CLIENT_API attnd_err attnd_client_set_expect(attnd_client *c, const attnd_expect *expect);
 /* Send Hello and open a session; info (may be NULL) receives the reply, which the client also
- * keeps (attnd_client_server). */
+ * keeps (attnd_client_server). FAILED_PRECONDITION when the geometry differs from what
+ * attnd_client_set_expect asked (the message names the first difference). */
 ATTND_CLIENT_API attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info);
 /* attnd_client_dial (url NULL: $ATTND_URL, else the default) then attnd_client_hello; for an
  * ipc:// URL then also attnd_client_channel_open (unless opts.channel_slots is -1). A channel
@@ -301,6 +342,12 @@ ATTND_CLIENT_API attnd_err attnd_client_seq_create(attnd_client *c, uint64_t seq
 ATTND_CLIENT_API attnd_err attnd_client_seq_fork(attnd_client *c, uint64_t parent, uint64_t child,
                                                  attnd_seq_info *info);
 ATTND_CLIENT_API attnd_err attnd_client_seq_free(attnd_client *c, uint64_t seq_id);
+/* Drop the last `tokens` tokens of seq_id (speculative decoding's rollback): blocks past the new
+ * end are released, a block shared with a fork is never written (its next write copies it).
+ * INVALID_ARGUMENT (more tokens than it has, in an open step), FAILED_PRECONDITION (the window
+ * already released keys the shorter sequence needs; linear-attention state). info may be NULL. */
+ATTND_CLIENT_API attnd_err attnd_client_seq_truncate(attnd_client *c, uint64_t seq_id,
+                                                     uint32_t tokens, attnd_seq_info *info);
 ATTND_CLIENT_API attnd_err attnd_client_seq_query(attnd_client *c, uint64_t seq_id,
                                                   attnd_seq_info *info);
 /* The session's sequences: up to cap of them into seqs, their total count into *n. */

@@ -33,6 +33,18 @@ typedef struct attnd_client_opts {
     int32_t spin_us;
 } attnd_client_opts;
 
+typedef struct attnd_layer_opts {
+    uint32_t sliding_window;
+    float softcap;
+    float scale;
+    float k_scale, v_scale;
+    int32_t alibi;
+    uint32_t num_alibi_slopes;
+    const float *alibi_slopes;
+    uint32_t num_sinks;
+    const float *sinks;
+} attnd_layer_opts;
+
 typedef struct attnd_geometry {
     uint32_t num_layers;
     uint32_t num_q_heads;
@@ -46,7 +58,17 @@ typedef struct attnd_geometry {
     uint32_t linear_slots;
     uint32_t linear_heads;
     uint32_t linear_head_dim;
+    uint32_t window_release;
+    const attnd_layer_opts *layers;
 } attnd_geometry;
+
+typedef struct attnd_expect {
+    uint32_t num_layers, num_q_heads, num_kv_heads, head_size, block_size;
+    int32_t compare_cache_dtype;
+    attnd_dtype cache_dtype;
+    uint32_t num_layer_opts;
+    const attnd_layer_opts *layer_opts;
+} attnd_expect;
 
 typedef struct attnd_limits {
     uint32_t max_seqs;
@@ -83,6 +105,7 @@ typedef struct attnd_seq_info {
     uint32_t num_tokens;
     uint32_t num_blocks;
     uint64_t step;
+    uint32_t released_tokens;
 } attnd_seq_info;
 
 typedef struct attnd_step_seq {
@@ -119,6 +142,7 @@ attnd_err attnd_client_alloc(attnd_client **c, const attnd_client_opts *opts);
 void attnd_client_free(attnd_client *c);
 attnd_err attnd_client_set_tls(attnd_client *c, const char *ca_file, const char *server_name);
 attnd_err attnd_client_dial(attnd_client *c, const char *url);
+attnd_err attnd_client_set_expect(attnd_client *c, const attnd_expect *expect);
 attnd_err attnd_client_hello(attnd_client *c, attnd_server_info *info);
 attnd_err attnd_client_connect(attnd_client *c, const char *url, attnd_server_info *info);
 const attnd_server_info *attnd_client_server(const attnd_client *c);
@@ -150,6 +174,8 @@ attnd_err attnd_client_seq_create(attnd_client *c, uint64_t seq_id, attnd_seq_in
 attnd_err attnd_client_seq_fork(attnd_client *c, uint64_t parent, uint64_t child,
                                 attnd_seq_info *info);
 attnd_err attnd_client_seq_free(attnd_client *c, uint64_t seq_id);
+attnd_err attnd_client_seq_truncate(attnd_client *c, uint64_t seq_id, uint32_t tokens,
+                                    attnd_seq_info *info);
 attnd_err attnd_client_seq_query(attnd_client *c, uint64_t seq_id, attnd_seq_info *info);
 attnd_err attnd_client_seq_list(attnd_client *c, attnd_seq_info *seqs, size_t cap, size_t *n);
 attnd_err attnd_client_step_begin(attnd_client *c, const attnd_step_seq *seqs, size_t n,
@@ -205,7 +231,7 @@ size_t attnd_client_abi_offset(const char *type, const char *field);
 
 # Every struct declared above; _lib checks each against the library.
 STRUCTS = (
-    "attnd_client_opts", "attnd_geometry", "attnd_limits", "attnd_server_info", "attnd_status",
-    "attnd_seq_info", "attnd_step_seq", "attnd_step", "attnd_ref", "attnd_shm",
+    "attnd_client_opts", "attnd_layer_opts", "attnd_geometry", "attnd_expect", "attnd_limits",
+    "attnd_server_info", "attnd_status", "attnd_seq_info", "attnd_step_seq", "attnd_step", "attnd_ref", "attnd_shm",
     "attnd_merge_args", "attnd_varlen_args", "attnd_blocksparse_args", "attnd_linear_args",
 )

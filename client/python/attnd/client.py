@@ -63,6 +63,54 @@ def choose_spin_us(backend: str, spin_us: int | None = None) -> int:
     return -1 if backend in _HOST_BACKENDS else 0
 
 
+def _floats(p: Any, n: int) -> list[float]:
+    return [float(p[i]) for i in range(n)]
+
+
+def _layers_list(g: Any) -> list[dict[str, Any]]:
+    """A geometry's per-layer options (as attnd.config.resolve_layer writes them)."""
+    if g.layers == ffi.NULL:
+        return []
+    out = []
+    for i in range(g.num_layers):
+        lay = g.layers[i]
+        out.append({
+            "sliding_window": int(lay.sliding_window), "softcap": float(lay.softcap),
+            "scale": float(lay.scale),
+            "alibi_slopes": _floats(lay.alibi_slopes, lay.num_alibi_slopes) if lay.alibi
+            else False,
+            "sinks": _floats(lay.sinks, lay.num_sinks) if lay.num_sinks else None,
+            "k_scale": float(lay.k_scale), "v_scale": float(lay.v_scale)})
+    return out
+
+
+def _expect_cdata(expect: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """An attnd_expect for a dict of attnd.config.expectation's form (keys left out are not
+    compared), and the cffi objects it points into."""
+    layers = expect.get("layers") or []
+    keep: list[Any] = [ffi.new("attnd_layer_opts[]", max(len(layers), 1))]
+    for i, lay in enumerate(layers):
+        a = lay.get("alibi_slopes", False)
+        slopes = list(a) if isinstance(a, (list, tuple)) else []
+        sinks = list(lay.get("sinks") or [])
+        keep += [ffi.new("float[]", slopes or [0.0]), ffi.new("float[]", sinks or [0.0])]
+        o = keep[0][i]
+        o.sliding_window = int(lay.get("sliding_window", 0))
+        o.softcap, o.scale = float(lay.get("softcap", 0.0)), float(lay.get("scale", 0.0))
+        o.k_scale, o.v_scale = float(lay.get("k_scale", 0.0)), float(lay.get("v_scale", 0.0))
+        o.alibi = int(a is not False and a is not None)
+        o.num_alibi_slopes, o.alibi_slopes = len(slopes), keep[-2]
+        o.num_sinks, o.sinks = len(sinks), keep[-1]
+    dt = expect.get("cache_dtype")
+    e = ffi.new("attnd_expect *", {
+        **{k: int(expect.get(k, 0)) for k in ("num_layers", "num_q_heads", "num_kv_heads",
+                                               "head_size", "block_size")},
+        "compare_cache_dtype": int(bool(dt)), "cache_dtype": dtypes.CODES[dt] if dt else 0,
+        "num_layer_opts": len(layers),
+        "layer_opts": keep[0]})
+    return e, keep
+
+
 def _struct_dict(s: Any, ctype: Any = None) -> dict[str, Any]:
     ctype = ctype or ffi.typeof(s)
     out: dict[str, Any] = {}
@@ -72,6 +120,8 @@ def _struct_dict(s: Any, ctype: Any = None) -> dict[str, Any]:
             v = _struct_dict(v, field.type)
         elif field.type.kind == "array" and field.type.item.cname == "char":
             v = ffi.string(v).decode()
+        elif field.type.kind == "pointer":
+            v = _layers_list(s) if name == "layers" else None
         out[name] = v
     if "cache_dtype" in out:
         out["cache_dtype"] = dtypes.NAMES.get(out["cache_dtype"], "?")
@@ -87,12 +137,17 @@ class Client:
     tls+tcp://HOST:PORT with tls_ca_file); url and token default to $ATTND_URL / $ATTND_TOKEN.
     On ipc:// the per-step calls go through a shared-memory channel (channel_slots: 0 = the
     library's default, -1 = never). spin_us: how long a call spins on its channel reply before
-    sleeping (-1 = sleep at once); None picks it from the daemon's backend (choose_spin_us)."""
+    sleeping (-1 = sleep at once); None picks it from the daemon's backend (choose_spin_us).
+    expect: the geometry this client needs (attnd.config.expectation(geometry)); the daemon
+    refuses a Hello whose geometry differs (AttndError FAILED_PRECONDITION naming the first
+    difference), so a client never runs against a daemon configured for another model."""
 
     def __init__(self, url: str | None = None, *, name: str = "attnd-python",
                  token: str | None = None, timeout_ms: int = 0, lib: str | None = None,
                  tls_ca_file: str | None = None, tls_server_name: str | None = None,
-                 channel_slots: int = 0, spin_us: int | None = None) -> None:
+                 channel_slots: int = 0, spin_us: int | None = None,
+                 expect: dict[str, Any] | None = None) -> None:
+        self.expect = expect
         self.url = url or os.environ.get("ATTND_URL") or DEFAULT_URL
         token = token if token is not None else os.environ.get("ATTND_TOKEN") or None
         self._lib = load(lib)
@@ -123,6 +178,10 @@ class Client:
         enc = lambda s: s.encode() if s else ffi.NULL  # noqa: E731
         info = ffi.new("attnd_server_info *")
         self._check(self._lib.attnd_client_set_tls(self._c, enc(ca), enc(server_name)))
+        if self.expect is not None:
+            e, keep = _expect_cdata(self.expect)
+            self._check(self._lib.attnd_client_set_expect(self._c, e))
+            del keep  # the library keeps its own copy
         self._check(self._lib.attnd_client_dial(self._c, self.url.encode()))
         self._check(self._lib.attnd_client_hello(self._c, info))
         self.info = _struct_dict(info[0])
@@ -236,6 +295,13 @@ class Client:
 
     def free(self, seq_id: int) -> None:
         self._check(self._lib.attnd_client_seq_free(self._c, seq_id))
+
+    def truncate(self, seq_id: int, tokens: int) -> dict[str, Any]:
+        """Drop the last `tokens` tokens of a sequence (speculative decoding's rollback); its
+        info afterwards."""
+        info = ffi.new("attnd_seq_info *")
+        self._check(self._lib.attnd_client_seq_truncate(self._c, seq_id, tokens, info))
+        return _struct_dict(info[0])
 
     def query(self, seq_id: int) -> dict[str, Any]:
         info = ffi.new("attnd_seq_info *")

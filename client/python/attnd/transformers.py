@@ -10,8 +10,11 @@
         print(a.generated, b.generated)
 
 Every attention call of the model becomes one Attend of the open step: the daemon keeps K/V in
-its paged cache (the model runs with use_cache=False) and applies the causal mask, window,
-softcap and ALiBi of its config. The forward is packed (batch 1, each sequence's new tokens in
+its paged cache (the model runs with use_cache=False) and applies each layer's causal mask,
+window, softcap, scale, ALiBi and sinks from its config. The Generator checks the daemon's whole
+geometry, every layer's options included, against the model before the first step (and each
+layer's call once against what the daemon reports for that layer); connect(model) opens a client
+whose Hello the daemon refuses when it is configured for another model. The forward is packed (batch 1, each sequence's new tokens in
 turn, with their own position ids), as the daemon's steps are. Models whose attention does not
 dispatch through transformers' AttentionInterface get an adapter (Bloom); for any other, the
 forward fails (and its step is aborted) naming the layers that never reached the daemon.
@@ -31,7 +34,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .client import Client, Step
-from .config import from_hf
+from .config import expectation, first_difference, from_hf, sinks_of
 from .region import Region
 
 NAME = "attnd"
@@ -49,13 +52,13 @@ def register() -> None:
 # ---------------------------------------------------------------------- one forward = one step
 @dataclass
 class _Forward:
-    """What the attention calls of one forward need: the client, the step, what the model must
-    agree with (geometry from the daemon, window and softcap from its config) and a workspace
-    region holding this step's Q/K/V/out."""
+    """What the attention calls of one forward need: the client, the step, the layers whose
+    options were already checked against the daemon's (once per layer: checked is the caller's
+    set) and a workspace region holding this step's Q/K/V/out."""
 
     client: Client
     step: Step
-    expect: dict[str, Any]
+    checked: set[int]
     workspace: Region
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     attended: dict[int, int] = field(default_factory=dict)  # layer -> Attend calls
@@ -88,12 +91,13 @@ class _Forward:
 
 @contextlib.contextmanager
 def attending(client: Client, step: Step, workspace: Region,
-              expect: dict[str, Any] | None = None) -> Iterator[None]:
+              checked: set[int] | None = None) -> Iterator[None]:
     """Route the attention calls made inside the block (one forward) to `step`, staging Q/K/V
-    in `workspace` (a region on the model's device, reset here). expect: the geometry the
-    model must match (window, softcap, scale; from attnd.config.from_hf)."""
+    in `workspace` (a region on the model's device, reset here). Each layer's call is checked
+    against the daemon's options for that layer (window, softcap, scale, sinks) unless its
+    index is in `checked` (a set kept across steps: checked once)."""
     workspace.reset()
-    fw = _Forward(client, step, dict(expect or {}), workspace)
+    fw = _Forward(client, step, set() if checked is None else checked, workspace)
     token = _current.set(fw)
     try:
         yield
@@ -119,22 +123,44 @@ def _check_call(fw: _Forward, module: Any, query: torch.Tensor, key: torch.Tenso
         raise ValueError(f"layer {layer}: {hq} q / {key.shape[1]} kv heads of {d} in the model, "
                          f"the daemon has {g['num_q_heads']} / {g['num_kv_heads']} of "
                          f"{g['head_size']}")
-    want = g["scale"] or d ** -0.5
-    if scaling is not None and not math.isclose(scaling, want, rel_tol=1e-5):
-        raise ValueError(f"layer {layer}: softmax scale {scaling} in the model, {want} in the daemon")
-    window = int(kwargs.get("sliding_window") or 0)
-    if "sliding_window" in fw.expect and window != int(fw.expect["sliding_window"] or 0):
-        raise ValueError(f"layer {layer}: sliding window {window} in the model, "
-                         f"{fw.expect['sliding_window']} in the daemon's config")
-    softcap = float(kwargs.get("softcap") or 0.0)
-    if "softcap" in fw.expect and softcap != float(fw.expect["softcap"] or 0.0):
-        raise ValueError(f"layer {layer}: softcap {softcap} in the model, "
-                         f"{fw.expect['softcap']} in the daemon's config")
+    if layer not in fw.checked:
+        _check_layer(g, layer, scaling if scaling is not None else d ** -0.5, kwargs)
+        fw.checked.add(layer)
     if kwargs.get("dropout"):
         raise ValueError("attnd attention is for inference: dropout must be 0 (model.eval())")
     if kwargs.get("is_causal") is False:
         raise ValueError("attnd attention is causal self-attention (is_causal=False asked)")
     return layer
+
+
+def _check_layer(g: dict[str, Any], layer: int, scaling: float, kwargs: dict[str, Any]) -> None:
+    """The model's options for this layer's call against the daemon's for the layer."""
+    lays = g.get("layers") or []
+    lay = lays[layer] if lays else {"sliding_window": None, "softcap": None,
+                                    "scale": g["scale"] or g["head_size"] ** -0.5, "sinks": None}
+    window = int(kwargs.get("sliding_window") or 0)
+    if lay["sliding_window"] is not None and window != lay["sliding_window"]:
+        raise ValueError(f"layer {layer}: sliding window {window} in the model, "
+                         f"{lay['sliding_window']} in the daemon")
+    softcap = float(kwargs.get("softcap") or 0.0)
+    if lay["softcap"] is not None and not math.isclose(softcap, lay["softcap"], rel_tol=1e-6):
+        raise ValueError(f"layer {layer}: softcap {softcap} in the model, {lay['softcap']} in the "
+                         "daemon")
+    if not math.isclose(scaling, lay["scale"], rel_tol=1e-5):
+        raise ValueError(f"layer {layer}: softmax scale {scaling} in the model, {lay['scale']} "
+                         "in the daemon")
+    s_aux = kwargs.get("s_aux")
+    sinks = None if s_aux is None else s_aux.detach().float().cpu().reshape(-1).tolist()
+    if not _same_floats(sinks, lay.get("sinks")):
+        raise ValueError(f"layer {layer}: attention sinks {sinks} in the model, "
+                         f"{lay.get('sinks')} in the daemon")
+
+
+def _same_floats(a: list[float] | None, b: list[float] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-30)
+                                    for x, y in zip(a, b))
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -201,6 +227,23 @@ def attach(model: Any) -> int:
     return n
 
 
+# ---------------------------------------------------------------------- the model's geometry
+def model_expectation(model: Any, *, tp_size: int = 1, tp_rank: int = 0) -> dict[str, Any]:
+    """What a daemon serving this model must be (attnd.config.expectation of from_hf, the
+    model's own attention sinks included)."""
+    sinks = sinks_of(model) or None
+    geometry = from_hf(model.config, tp_size=tp_size, tp_rank=tp_rank, sinks=sinks)["geometry"]
+    return expectation(geometry)
+
+
+def connect(model: Any, url: str | None = None, *, tp_size: int = 1, tp_rank: int = 0,
+            **kwargs: Any) -> Client:
+    """A client whose Hello expects this model's geometry: the daemon refuses it
+    (FAILED_PRECONDITION naming the first difference) when configured for another model."""
+    return Client(url, expect=model_expectation(model, tp_size=tp_size, tp_rank=tp_rank),
+                  **kwargs)
+
+
 # ---------------------------------------------------------------------- batched generation
 @dataclass
 class Generation:
@@ -240,8 +283,11 @@ class Generator:
             raise ValueError(f'the model runs attn_implementation={impl!r}: load it with '
                              f'attn_implementation="{NAME}" (after attnd.transformers.register())')
         self.model, self.client = model.eval(), client
-        self.expect = from_hf(model.config, tp_size=tp_size, tp_rank=tp_rank)["geometry"]
-        self._check_geometry()
+        self.expect = model_expectation(model, tp_size=tp_size, tp_rank=tp_rank)
+        diff = first_difference(self.expect, client.geometry)
+        if diff:
+            raise ValueError(f"{diff} (this model's geometry: attnd.config.from_hf)")
+        self._checked: set[int] = set()
         attach(model)
         limit = client.limits["max_step_tokens"]
         self.max_step_tokens = min(max_step_tokens or limit, limit)
@@ -251,17 +297,6 @@ class Generator:
         params = inspect.signature(model.forward).parameters
         self._positions = "position_ids" in params
         self._workspace: Region | None = None
-
-    def _check_geometry(self) -> None:
-        g = self.client.geometry
-        for key in ("num_layers", "num_q_heads", "num_kv_heads", "head_size"):
-            if g[key] != self.expect[key]:
-                raise ValueError(f"geometry.{key}: {self.expect[key]} for this model, the daemon "
-                                 f"serves {g[key]}")
-        want = self.expect["scale"] or self.expect["head_size"] ** -0.5
-        have = g["scale"] or g["head_size"] ** -0.5
-        if not math.isclose(want, have, rel_tol=1e-5):
-            raise ValueError(f"geometry.scale: {want} for this model, the daemon uses {have}")
 
     # ------------------------------------------------------------------ sequences
     def add(self, prompt: Sequence[int], max_new_tokens: int) -> Generation:
@@ -340,7 +375,7 @@ class Generator:
             kwargs["position_ids"] = torch.tensor([pos], device=device)
         ws = self._workspace_for(len(ids), dtype, device)
         with self.client.step([(s.seq_id, n) for s, n in plan]) as st, \
-                attending(self.client, st, ws, self.expect), torch.inference_mode():
+                attending(self.client, st, ws, self._checked), torch.inference_mode():
             logits = self.model(**kwargs).logits[0]
         for s, n in plan:
             s.computed += n

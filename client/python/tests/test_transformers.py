@@ -1,6 +1,8 @@
 """Random-weight transformers models generating through the daemon (CPU backend) with
 attn_implementation="attnd": Llama with GQA, Mistral with a sliding window shorter than the
-prompts, Bloom with ALiBi. Prompts of different lengths prefilled in one batch, one prompt in
+prompts, Bloom with ALiBi, Gemma-2 (windowed and full layers alternating, a logit softcap,
+query_pre_attn_scalar) and a GPT-OSS-shaped model (alternating windows, attention sinks), each
+through one daemon configured by attnd.config.from_hf. Prompts of different lengths prefilled in one batch, one prompt in
 chunks, a sequence joining mid-run, a fork, 32 greedy tokens each. The tokens must equal
 transformers' own eager attention run on K/V rounded to the cache dtype (bf16), and every
 generated token's logits must lie within LOGITS_BOUND of that run's."""
@@ -8,10 +10,12 @@ generated token's logits must lie within LOGITS_BOUND of that run's."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
-from transformers import (BloomConfig, BloomForCausalLM, DynamicCache, LlamaConfig,
+from transformers import (BloomConfig, BloomForCausalLM, DynamicCache, Gemma2Config,
+                          Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
 import attnd
@@ -76,23 +80,54 @@ def bloom():  # 6 heads: ALiBi slopes past the largest power of two too
     return BloomForCausalLM(BloomConfig(vocab_size=512, hidden_size=192, n_layer=2, n_head=6))
 
 
+def gemma2():
+    """Window 12 < the prompts on layers 0 and 2; scale 40^-0.5, not 64^-0.5; a softcap small
+    enough for these random weights' logits to reach it (without it the eager run's logits move
+    by 0.04 and 5 of 128 tokens change, measured)."""
+    return Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=12,
+        attn_logit_softcapping=0.3, query_pre_attn_scalar=40, max_position_embeddings=256))
+
+
+def gpt_oss():
+    """Windows alternating with full layers, a sink per head and layer (without the sinks 121 of
+    128 eager tokens change, measured)."""
+    model = GptOssForCausalLM(GptOssConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=12,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256))
+    with torch.no_grad():
+        for layer in model.model.layers:  # around the logits' range, so that they count
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
 def prompts(vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(7)
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in PROMPT_LENS]
 
 
-@pytest.mark.parametrize("make", [llama, mistral, bloom], ids=["llama-gqa", "mistral-window",
-                                                               "bloom-alibi"])
+@pytest.mark.parametrize("make", [llama, mistral, bloom, gemma2, gpt_oss],
+                         ids=["llama-gqa", "mistral-window", "bloom-alibi", "gemma2-layers",
+                              "gpt-oss-sinks"])
 def test_generation_matches_eager(make):
     at.register()
     torch.manual_seed(0)
     model = make().eval().to(DEVICE)
     model.config._attn_implementation = at.NAME
-    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
+    sinks = attnd.config.sinks_of(model) or None
+    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128,
+                                    sinks=sinks)["geometry"]
     if make is mistral:
         assert geometry["sliding_window"] == 12 < PROMPT_LENS[1]
+    if make is gemma2:
+        assert geometry["layers"] == [{"sliding_window": 12}, {}]
+        assert geometry["softcap"] == 0.3 and geometry["scale"] == pytest.approx(40 ** -0.5)
+    if make is gpt_oss:
+        assert len(geometry["layers"]) == 4 and geometry["layers"][1]["sinks"] == sinks[1]
     ps = prompts(model.config.vocab_size)
-    with Daemon(geometry) as d, attnd.Client(d.url) as c, \
+    with Daemon(geometry) as d, at.connect(model, d.url) as c, \
             at.Generator(model, c, max_step_tokens=MAX_STEP_TOKENS, keep_logits=True) as gen:
         first = [gen.add(p, NEW_TOKENS) for p in ps[:3]]
         while not first[1].generated:  # until the 23-token prompt has its first token
@@ -135,5 +170,33 @@ def test_generator_refuses_a_mismatched_daemon():
     geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=32)["geometry"]
     geometry["num_kv_heads"] = 4
     with Daemon(geometry) as d, attnd.Client(d.url) as c:
-        with pytest.raises(ValueError, match="num_kv_heads: 2 for this model, the daemon serves 4"):
+        with pytest.raises(ValueError, match="geometry.num_kv_heads: the daemon serves 4, the "
+                                             "client expects 2"):
             at.Generator(model, c)
+
+
+def test_a_daemon_for_another_model_is_refused_with_the_field_named():
+    """Gemma-2 against a daemon configured with one window for every layer (the closest single
+    config): Hello fails FAILED_PRECONDITION naming the first layer that differs, and a client
+    made without the expectation is refused by the Generator with the same words."""
+    at.register()
+    torch.manual_seed(0)
+    model = gemma2().eval()
+    model.config._attn_implementation = at.NAME
+    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=32)["geometry"]
+    flat = {**geometry, "layers": [], "sliding_window": 12}
+    want = "geometry.layers[1].sliding_window: the daemon serves 12, the client expects 0"
+    with Daemon(flat) as d:
+        with pytest.raises(attnd.AttndError) as e:
+            at.connect(model, d.url)
+        assert e.value.name == "FAILED_PRECONDITION" and want in e.value.message
+        with attnd.Client(d.url) as c:
+            with pytest.raises(ValueError, match=re.escape(want)):
+                at.Generator(model, c)
+    softer = {**geometry, "softcap": 30.0}
+    with Daemon(softer) as d, pytest.raises(attnd.AttndError, match=re.escape(
+            "geometry.layers[0].softcap: the daemon serves 30, the client expects 0.3")):
+        at.connect(model, d.url)
+    with Daemon(geometry) as d, at.connect(model, d.url) as c:
+        assert len(c.geometry["layers"]) == 4
+        assert [lay["sliding_window"] for lay in c.geometry["layers"]] == [12, 0, 12, 0]

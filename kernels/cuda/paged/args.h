@@ -9,7 +9,8 @@
 
 #include "attnd/kernels.h"
 
-enum { ATTND_KV_F16 = 0, ATTND_KV_BF16 = 1, ATTND_KV_FP8 = 2 };
+// cache types; F32 has its own exact kernel (paged/f32.cu), not one of the cores
+enum { ATTND_KV_F16 = 0, ATTND_KV_BF16 = 1, ATTND_KV_FP8 = 2, ATTND_KV_F32 = 3 };
 
 typedef struct attnd_paged_kargs {
     attnd_paged_params p;

@@ -9,21 +9,28 @@
 
 // Rows idx0 and idx0 + 8 of a sequence's packed rows (this lane's pair), from fragment values
 // o(n, e) over NB chunks of 8 columns: normalised by out_scale / l (l summed over the quad here),
-// written to out, and their LSE to out_lse when asked. m: the rows' log2-domain maxima.
-template <int NB, class F>
-__device__ __forceinline__ void attnd_paged_store_rows(const attnd_paged_kargs &a, F o,
-                                                       const float m[2], const float l[2], int idx0,
-                                                       int rows_total, int q_start, int kvh, int t4)
+// written to out, and their LSE to out_lse when asked. SINKS: each head's sink, when the op has
+// sinks, folded in first (the sm90 core instantiates both forms, so that its epilogue without
+// sinks stays the plain one: it runs beside the other warpgroup's mainloop); m: the rows'
+// log2-domain maxima.
+template <int NB, bool SINKS, class F>
+__device__ __forceinline__ void
+attnd_paged_store_rows_as(const attnd_paged_kargs &a, F o, const float m[2], const float l[2],
+                          int idx0, int rows_total, int q_start, int kvh, int t4)
 {
     const int ot = a.p.out.dtype, g = a.group, d_act = (int)a.p.q.shape[2];
     const bool vec = a.out_vec != 0;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float L = attnd_quad_sum(l[r]);
+        float L = attnd_quad_sum(l[r]), M = m[r];
         const int idx = idx0 + 8 * r;
-        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
+        float inv = L > 0.0f ? a.out_scale / L : 0.0f;
         if (idx >= rows_total) continue;
         const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        if constexpr (SINKS) {
+            const float sink = attnd_paged_sink(a, head, &M, &L);
+            inv = L > 0.0f ? sink * a.out_scale / L : 0.0f;
+        }
         const int64_t e0 =
             (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + 2 * t4;
 #pragma unroll
@@ -34,7 +41,7 @@ __device__ __forceinline__ void attnd_paged_store_rows(const attnd_paged_kargs &
         if (a.p.out_lse.data && t4 == 0)
             ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
                                         (int64_t)tok * a.p.out_lse.strides[1]] =
-                attnd_softmax_lse(m[r], L);
+                attnd_softmax_lse(M, L);
     }
 }
 

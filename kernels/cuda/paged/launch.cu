@@ -7,7 +7,9 @@
 // the decode tiles with one segment when every sequence's packed rows (query_len * group) fit
 // in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90 device when this build
 // has sm_90a code, the cache is 16-bit and the driver encodes the caches' tensor maps, else the
-// sm80 prefill core (128 packed rows; 64 above head size 128).
+// sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache takes the exact
+// kernel of paged/f32.cu in both ops. Sinks join in the store of the final output (each core's
+// epilogue, or the reduce after a split).
 #include <stdint.h>
 #include <string.h>
 
@@ -19,6 +21,19 @@
 static int aligned(const void *ptr, int64_t bytes)
 {
     return ((uintptr_t)ptr % (uintptr_t)bytes) == 0;
+}
+
+// An f32 cache: the exact kernel reads rows element by element, so no alignment is asked.
+static attnd_err paged_prepare_f32(const attnd_paged_params *p, attnd_paged_kargs *a, int *kv)
+{
+    const int64_t bs = p->k_cache.shape[1];
+    a->p = *p;
+    a->group = (int32_t)(p->q.shape[1] / p->k_cache.shape[2]);
+    a->bs_log2 = bs == 16 ? 4 : (bs == 32 ? 5 : 6);
+    a->num_segments = 1;
+    a->out_scale = 1.0f;
+    *kv = ATTND_KV_F32;
+    return ATTND_ERR_OK;
 }
 
 static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p, attnd_paged_kargs *a,
@@ -43,6 +58,7 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p, at
         return attnd_fail(b, "out_lse: must be f32");
 
     const int64_t D = q->shape[2];
+    if (k->dtype == ATTND_DTYPE_F32) return paged_prepare_f32(p, a, kv);
     const int fp8 = k->dtype == ATTND_DTYPE_FP8_E4M3;
     // the kernels address within a page row in 32 bits (page * stride is 64-bit)
     for (int i = 0; i < 2; i++) {
@@ -110,7 +126,7 @@ typedef cudaError_t (*paged_fn)(attnd_paged_kargs, const attnd_paged_launch &);
     }
 
 // [core][head 64 / 128 / 256][cache f16 / bf16 / fp8]; NULL: not built.
-static const paged_fn kPagedRun[3][3][3] = {
+static const paged_fn kPagedRun[4][3][3] = {
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 128),
      ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 256)},
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 128),
@@ -118,6 +134,9 @@ static const paged_fn kPagedRun[3][3][3] = {
     {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 64),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 128),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 256)},
+    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 64),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 128),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 256)},
 };
 
 static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_paged_kargs &a,
@@ -216,6 +235,8 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     attnd_err rv = paged_prepare(b, p, &a, &kv);
     if (rv != ATTND_ERR_OK) return rv;
     if (p->q.shape[0] == 0 || p->seq_lens.shape[0] == 0) return ATTND_ERR_OK;
+    if (kv == ATTND_KV_F32)
+        return launch_status(b, attnd_paged_f32_run(a, c->stream), "paged_attention_2d");
     attnd_paged_launch l;
     launch_init(&l, c, p);
     CUtensorMap tk, tv;
@@ -223,7 +244,7 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     if ((int64_t)p->max_query_len * a.group <= 16)
         core = ATTND_CORE_SM80_DECODE;
     else if (sm90_usable(c, p, kv, &tk, &tv)) {
-        core = ATTND_CORE_SM90_PREFILL;
+        core = p->sinks.data ? ATTND_CORE_SM90_PREFILL_SINKS : ATTND_CORE_SM90_PREFILL;
         l.tk = &tk;
         l.tv = &tv;
     }
@@ -240,6 +261,8 @@ extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_par
     if (rv != ATTND_ERR_OK) return rv;
     const int64_t T = p->q.shape[0];
     if (T == 0 || p->seq_lens.shape[0] == 0) return ATTND_ERR_OK;
+    if (kv == ATTND_KV_F32) /* whole rows: the same result as any split */
+        return launch_status(b, attnd_paged_f32_run(a, c->stream), "paged_attention_3d");
     a.num_segments = num_segments;
     if (num_segments > 1) {
         if (!aligned(workspace, 16)) return attnd_fail(b, "workspace: must be 16-byte aligned");

@@ -14,6 +14,7 @@ enum {
     ATTND_CORE_SM80_PREFILL = 0, // mma.sync, 128 (64) packed rows, whole context, 2D only
     ATTND_CORE_SM80_DECODE = 1,  // mma.sync, 16 packed rows, 4 warps over the tokens, 2D and 3D
     ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
+    ATTND_CORE_SM90_PREFILL_SINKS = 3, // the same, its epilogue folding attention sinks in
 };
 
 // Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
@@ -35,6 +36,9 @@ typedef struct attnd_paged_launch {
     int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
     int max_seq_len;
 } attnd_paged_launch;
+
+// Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.
+cudaError_t attnd_paged_f32_run(const attnd_paged_kargs &a, cudaStream_t stream);
 
 // Launch the core on the launch's stream; cudaErrorInvalidConfiguration when the shapes exceed
 // the launch limits or the device's shared memory.

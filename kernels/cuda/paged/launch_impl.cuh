@@ -68,7 +68,9 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
 template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
+    if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
+        return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, true, true>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
         if constexpr (D_PAD == 128)
             if (l.sm90_off & ATTND_SM90_NO_DEEP_K)
                 return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, false>>(a, l);

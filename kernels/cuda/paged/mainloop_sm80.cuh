@@ -401,11 +401,13 @@ attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
             v[2] += wt * x.z;
             v[3] += wt * x.w;
         }
-        const float inv = L > 0.0f ? a.out_scale / L : 0.0f;
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        float Mf = Ms; // the final row's max (the sink folded in), what v and L are relative to
+        const float sink = partial ? 1.0f : attnd_paged_sink(a, head, &Mf, &L);
+        const float inv = L > 0.0f ? sink * a.out_scale / L : 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] *= inv;
-        const int tok = q_start + idx / g, head = kvh * g + idx % g;
         if (!partial) {
             attnd_stN<4>(p.out.data, p.out.dtype,
                          (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
@@ -414,7 +416,7 @@ attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
             if (p.out_lse.data && c4 == 0)
                 ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
                                           (int64_t)tok * p.out_lse.strides[1]] =
-                    attnd_softmax_lse(M, L);
+                    attnd_softmax_lse(Mf, L);
         } else {
             const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
             *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
@@ -743,7 +745,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         // one warp per row, final output: normalise the registers and store them directly
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-            attnd_paged_store_rows<D_PAD / 8>(
+            attnd_paged_store_rows_as<D_PAD / 8, true>(
                 a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
                 wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
         return;

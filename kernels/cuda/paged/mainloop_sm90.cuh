@@ -30,9 +30,13 @@
 
 // DEEP_K: one more K stage than V stages where shared memory allows (head 128), so the K tile a
 // new work tile starts with is in flight earlier.
-template <int D_PAD_, int KV_, bool DEEP_K = true> struct attnd_paged_sm90_traits {
+// SINKS: the epilogue folds each head's sink in (an instantiation of its own, so that the core
+// without sinks keeps its plain epilogue).
+template <int D_PAD_, int KV_, bool DEEP_K = true, bool SINKS = false>
+struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
+    static constexpr bool HAS_SINKS = SINKS;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
@@ -591,7 +595,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
             attnd_bar_sync(3 + wg, 128);
             mainloop(w, r, qb, pingpong, acc);
         }
-        attnd_paged_store_rows<Tr::OH * Tr::ON>(
+        attnd_paged_store_rows_as<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, [&](int n, int e) { return acc.o[n / Tr::ON][n % Tr::ON][e]; }, acc.m, acc.l, r.idx0,
             w.rows_total, w.q_start, w.kvh, lane & 3);
     }

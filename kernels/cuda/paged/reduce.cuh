@@ -5,6 +5,7 @@
 #define ATTND_CUDA_PAGED_REDUCE_CUH
 
 #include "paged/args.h"
+#include "paged/rows.cuh"
 #include "prims/math.cuh"
 #include "prims/sm90.cuh"
 
@@ -72,7 +73,9 @@ __global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_pag
         wt[w] = red_l[w] > 0.0f ? attnd_exp2(red_m[w] - Ms) : 0.0f;
         W += wt[w] * red_l[w];
     }
-    const float inv = W > 0.0f ? 1.0f / W : 0.0f;
+    float Mf = Ms; // the sink, when the op has sinks, joins once here (never per segment)
+    const float sink = attnd_paged_sink(a, head, &Mf, &W);
+    const float inv = W > 0.0f ? sink / W : 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int d = (lane + 32 * i) * 4;
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_pag
     if (a.p.out_lse.data && lane == 0)
         ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
                                     (int64_t)tok * a.p.out_lse.strides[1]] =
-            attnd_softmax_lse(M, W);
+            attnd_softmax_lse(Mf, W);
 }
 
 #endif

@@ -64,6 +64,24 @@ __device__ __forceinline__ void attnd_paged_row(const attnd_paged_kargs &a, int 
                   : 0.0f;
 }
 
+// Head `head`'s sink folded into a finished row: one more term exp2(sink * log2 e - m) of the
+// denominator, with no value row. m: the row's log2-domain max (or the max its L and output are
+// relative to), L: its sum. Returns the factor the row's unnormalised output is multiplied by
+// (the rescale to the new max); m and L become the row's with the sink. No sinks: 1, unchanged.
+__device__ __forceinline__ float attnd_paged_sink(const attnd_paged_kargs &a, int head, float *m,
+                                                  float *L)
+{
+    if (a.p.sinks.data == NULL) return 1.0f;
+    const float s =
+        ((const float *)a.p.sinks.data)[(int64_t)head * a.p.sinks.strides[0]] * ATTND_LOG2E;
+    if (s == attnd_neg_inf()) return 1.0f;
+    const float mn = *L > 0.0f ? fmaxf(*m, s) : s; // nothing visible: the sink alone
+    const float alpha = *L > 0.0f ? attnd_exp2(*m - mn) : 0.0f;
+    *L = *L * alpha + attnd_exp2(s - mn);
+    *m = mn;
+    return alpha;
+}
+
 // Key t is visible to a row at position ps (ps < 0: none is) of a sequence of hi keys.
 __device__ __forceinline__ bool attnd_paged_visible(int t, int ps, int hi, int sw)
 {

@@ -7,7 +7,8 @@
  * touching memory. Semantics follow vLLM's Triton ops (../shared/seeds) with the decisions of
  * DESIGN.md "Semantics": fully masked rows give zeros (and LSE -inf), ALiBi adds
  * slope * (key_pos - query_pos), sliding window w keeps keys p-w+1..p, fp8 is e4m3fn read as
- * x8 * scale and written as x / scale saturating at +-448.
+ * x8 * scale and written as x / scale saturating at +-448, a sink is one more logit per q head in
+ * the softmax denominator with no value row (the LSE includes it).
  *
  * Head sizes: 32..256, multiples of 8 (80, 96, 112, 192... included). Block sizes 16, 32, 64.
  * The cuda backend launches on its own stream; ops return once launched (attnd_backend_sync waits).
@@ -54,18 +55,22 @@ int64_t attnd_tensor_numel(const attnd_tensor *t);
 typedef struct attnd_paged_params {
     attnd_tensor q;               /* [num_tokens, num_q_heads, head_size]   f32 | f16 | bf16 */
     attnd_tensor k_cache;         /* [num_blocks, block_size, num_kv_heads, head_size] */
-    attnd_tensor v_cache;         /* same shape and dtype as k_cache: f16 | bf16 | fp8_e4m3 */
+    attnd_tensor v_cache;         /* same shape and dtype as k_cache: f32 | f16 | bf16 | fp8 */
     attnd_tensor out;             /* [num_tokens, num_q_heads, head_size]   f32 | f16 | bf16 */
     attnd_tensor out_lse;         /* optional [num_q_heads, num_tokens] f32 (natural log) */
     attnd_tensor block_tables;    /* [num_seqs, max_blocks_per_seq] i32 */
     attnd_tensor seq_lens;        /* [num_seqs] i32 */
     attnd_tensor query_start_loc; /* [num_seqs + 1] i32, non-decreasing, last = num_tokens */
     attnd_tensor alibi_slopes;    /* optional [num_q_heads] f32 */
-    float scale;                  /* softmax scale (usually 1/sqrt(head_size)) */
-    float k_scale, v_scale;       /* fp8 cache dequantisation scales (ignored otherwise) */
-    float softcap;                /* > 0: logits = softcap * tanh(scale * q.k / softcap) */
-    int32_t sliding_window;       /* 0 = off */
-    int32_t max_query_len;        /* host-side upper bounds used to size launches */
+    /* optional [num_q_heads] f32, finite: head h's softmax denominator gets exp(sinks[h]) (a
+     * logit in the scaled, natural-log domain, not softcapped, no value row); the LSE includes
+     * it, so a row that sees no key has LSE sinks[h] and a zero output */
+    attnd_tensor sinks;
+    float scale;            /* softmax scale (usually 1/sqrt(head_size)) */
+    float k_scale, v_scale; /* fp8 cache dequantisation scales (ignored otherwise) */
+    float softcap;          /* > 0: logits = softcap * tanh(scale * q.k / softcap) */
+    int32_t sliding_window; /* 0 = off */
+    int32_t max_query_len;  /* host-side upper bounds used to size launches */
     int32_t max_seq_len;
 } attnd_paged_params;
 
@@ -77,9 +82,9 @@ size_t attnd_paged_3d_workspace_size(int64_t num_tokens, int64_t num_q_heads, in
  * Row t of key/value goes to slot slot_mapping[t] (block = slot / block_size, row = slot %
  * block_size); negative slots are skipped (padding). fp8 caches store x / k_scale (v_scale). */
 typedef struct attnd_cache_write_params {
-    attnd_tensor key;          /* [num_tokens, num_kv_heads, head_size] f32 | f16 | bf16 */
-    attnd_tensor value;        /* same shape */
-    attnd_tensor k_cache;      /* [num_blocks, block_size, num_kv_heads, head_size] */
+    attnd_tensor key;     /* [num_tokens, num_kv_heads, head_size] f32 | f16 | bf16 */
+    attnd_tensor value;   /* same shape */
+    attnd_tensor k_cache; /* [num_blocks, block_size, num_kv_heads, head_size] */
     attnd_tensor v_cache;
     attnd_tensor slot_mapping; /* [num_tokens] i64 (or i32) */
     float k_scale, v_scale;
@@ -125,8 +130,8 @@ typedef struct attnd_varlen_params {
  * r = (past + i) / q_block_size; within listed blocks the mask is causal (key <= position).
  * Each layout row lists distinct key blocks in increasing order; decode needs k_len >= 1. */
 typedef struct attnd_blocksparse_params {
-    attnd_tensor q;            /* [total_q, num_q_heads, head_size] f16 | bf16 */
-    attnd_tensor k;            /* [total_k, num_kv_heads, head_size] */
+    attnd_tensor q; /* [total_q, num_q_heads, head_size] f16 | bf16 */
+    attnd_tensor k; /* [total_k, num_kv_heads, head_size] */
     attnd_tensor v;
     attnd_tensor out;          /* [total_q, num_q_heads, head_size] */
     attnd_tensor cu_seqlens_q; /* [batch + 1] i32 */
@@ -178,6 +183,13 @@ typedef enum attnd_memcpy_kind {
     ATTND_MEMCPY_D2D
 } attnd_memcpy_kind;
 
+/* What a backend implements beyond the base ops (attnd_backend_ops.features). An op asked for
+ * a feature its backend lacks fails UNSUPPORTED, naming it, before any memory is touched. */
+enum {
+    ATTND_FEATURE_SINKS = 1u << 0,     /* paged attention: attnd_paged_params.sinks */
+    ATTND_FEATURE_F32_CACHE = 1u << 1, /* paged attention and cache write on an f32 cache */
+};
+
 /* One table per backend; the public functions below validate, then dispatch through it. */
 typedef struct attnd_backend_ops {
     const char *name;
@@ -198,6 +210,7 @@ typedef struct attnd_backend_ops {
     attnd_err (*blocksparse)(attnd_backend *b, const attnd_blocksparse_params *p);
     attnd_err (*linear_prefill)(attnd_backend *b, const attnd_linear_prefill_params *p);
     attnd_err (*linear_decode)(attnd_backend *b, const attnd_linear_decode_params *p);
+    uint32_t features; /* ATTND_FEATURE_* (last: tables that omit it have none) */
 } attnd_backend_ops;
 
 /* The backend object; backends keep their own state behind impl. */
@@ -215,6 +228,8 @@ attnd_err attnd_backend_open(attnd_backend **b, const char *name, const attnd_ba
 void attnd_backend_close(attnd_backend *b);
 const char *attnd_backend_name(const attnd_backend *b);
 int attnd_backend_is_device(const attnd_backend *b);
+/* Whether b implements every ATTND_FEATURE_* bit of `features`. */
+int attnd_backend_has(const attnd_backend *b, uint32_t features);
 /* Message of the last failed call on this backend (names the field for bad descriptors). */
 const char *attnd_backend_last_error(const attnd_backend *b);
 

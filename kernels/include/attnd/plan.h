@@ -98,13 +98,15 @@ int32_t attnd_plan_segments(const attnd_plan_opts *opts, int32_t nseqs, int32_t 
 
 /* ---------------------------------------------------------------- run */
 
-/* One layer of a planned step: its tensors and its options. */
+/* One layer of a planned step: its tensors and its options (a model's layers may differ in every
+ * option; the plan, made once per step, serves them all). */
 typedef struct attnd_plan_layer {
     attnd_tensor q, k_new, v_new; /* [num_tokens, heads, head_size] */
     attnd_tensor out;             /* [num_tokens, num_q_heads, head_size] */
     attnd_tensor lse;             /* [num_q_heads, num_tokens] f32; data NULL = none */
     attnd_tensor k_cache, v_cache;
     attnd_tensor alibi_slopes; /* [num_q_heads] f32; data NULL = none */
+    attnd_tensor sinks;        /* [num_q_heads] f32 sink logits; data NULL = none */
     float scale;               /* softmax scale */
     float k_scale, v_scale;    /* fp8 cache scales (1 otherwise) */
     float softcap;             /* 0 = off */
