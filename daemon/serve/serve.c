@@ -6,6 +6,9 @@
 #include "../wire/channel_transport.h"
 #include "attnd/clock.h"
 
+/* How long a released stream channel may take to run out before it counts as stuck. */
+#define SERVE_STREAM_DRAIN_MS 2000
+
 attnd_err attnd_serve_alloc(attnd_serve **out, const attnd_config *cfg, attnd_backend *be,
                             int32_t units, attnd_log *lg)
 {
@@ -31,6 +34,9 @@ attnd_err attnd_serve_alloc(attnd_serve **out, const attnd_config *cfg, attnd_ba
         return rv;
     }
     attnd_steps_init(&sv->steps, &sv->model, sv->dm, sv->cache);
+    attnd_streams_init(&sv->streams, &sv->steps, lg, cfg->server.streams,
+                       cfg->limits.stream_timeout_ms, SERVE_STREAM_DRAIN_MS);
+    attnd_streams_set_reply(&sv->streams, attnd_serve_stream_reply, sv);
     attnd_inflight_init(&sv->inflight, sv->dm);
     *out = sv;
     return ATTND_ERR_OK;
@@ -40,6 +46,7 @@ void attnd_serve_free(attnd_serve *sv)
 {
     if (sv == NULL) return;
     attnd_inflight_fini(&sv->inflight);
+    attnd_streams_fini(&sv->streams); /* before the steps its channels run */
     attnd_steps_fini(&sv->steps);
     attnd_sessions_fini(&sv->sessions);
     attnd_cache_free(sv->cache);
@@ -67,6 +74,7 @@ attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *e
     if ((rv = attnd_shmguard_alloc(&sv->guard, (uint32_t)cap)) != ATTND_ERR_OK)
         return attnd_errf(err, n, rv, "shmguard: cannot watch %llu mappings: %s",
                           (unsigned long long)cap, attnd_strerror(rv));
+    sv->streams.guard = sv->guard; /* host backends' flag words are shm the workers map too */
     if (cfg->server.channels == 0) return ATTND_ERR_OK;
     if ((rv = attnd_channels_alloc(&sv->channels, sv->guard, cfg->server.channels, sv->log)))
         return attnd_errf(err, n, rv, "server.channels: cannot set up %u channels: %s",
@@ -93,9 +101,11 @@ void attnd_serve_attach(attnd_serve *sv, attnd_wire *w, uint32_t spin_us)
 static uint32_t serve_poll_cb(void *arg, int *inflight)
 {
     attnd_serve *sv = arg;
+    int hot = 0;
     uint32_t n = attnd_inflight_poll(&sv->inflight);
     if (sv->channels && sv->wire) n += attnd_channel_transport_poll(sv->wire, sv->channels);
-    *inflight = attnd_inflight_count(&sv->inflight) != 0;
+    if (sv->streams.head) n += attnd_streams_poll(&sv->streams, &hot);
+    *inflight = attnd_inflight_count(&sv->inflight) != 0 || hot;
     return n;
 }
 
@@ -131,6 +141,8 @@ void attnd_serve_pipe_closed(attnd_serve *sv, uint32_t pipe)
 {
     attnd_inflight_drain(&sv->inflight); /* its CUDA_IPC regions close next: no kernel may
                                             still read them */
+    for (attnd_session *s = sv->sessions.head; s; s = s->next)
+        if (s->pipe == pipe && s->connected) attnd_streams_drop_session(&sv->streams, s->id);
     attnd_sessions_disconnect(&sv->sessions, pipe, attnd_clock_ms(), serve_session_gone, sv);
     /* those without sequences (and any, with no reclaim timeout) go at once: nothing to keep,
      * and fast connect/Hello/close cycles must not hold the session slots */
@@ -141,6 +153,7 @@ void attnd_serve_sweep(attnd_serve *sv)
 {
     attnd_session *s;
     uint64_t now = attnd_clock_ms();
+    attnd_streams_tick(&sv->streams); /* stream steps' deadlines */
     while ((s = attnd_sessions_expired(&sv->sessions, now, sv->limits.reclaim_timeout_ms))) {
         uint32_t n = attnd_cache_release_owner(sv->cache, s->id);
         if (sv->metrics) attnd_metrics_event(sv->metrics, ATTND_METRICS_EVENT_SESSIONS_RECLAIMED);
@@ -154,6 +167,7 @@ void attnd_serve_apply_live(attnd_serve *sv, const attnd_config *cfg)
 {
     sv->limits = cfg->limits;
     memcpy(sv->token, cfg->server.token, sizeof sv->token);
+    sv->streams.t.step_ms = cfg->limits.stream_timeout_ms;
     serve_wire_limits(sv);
 }
 
