@@ -56,12 +56,33 @@ void attnd_serve_free(attnd_serve *sv)
     free(sv);
 }
 
+/* Same-GPU workers hand layers over on GPU streams: two CUDA contexts without MPS time-slice
+ * (DESIGN.md "Same-GPU sharing": 294 us per layer against 29.9 us under MPS, measured). */
+static void serve_report_mps(attnd_serve *sv, attnd_observe *obs)
+{
+    int mps = -1;
+    if (!attnd_backend_is_device(sv->be)) return;
+    if (attnd_device_mps(sv->be, &mps) != ATTND_ERR_OK) mps = -1;
+    attnd_observe_set_mps(obs, mps);
+    if (mps == 1) {
+        ATTND_LOG(sv->log, ATTND_LOG_INFO, "event=mps active=1 device=\"%s\"", sv->dm->device_name);
+        return;
+    }
+    ATTND_LOG(sv->log, ATTND_LOG_WARN,
+              "event=mps active=%d device=\"%s\" cost_us_per_layer=263 msg=\"not an MPS client: "
+              "workers on this GPU time-slice with the daemon (+263 us per layer measured, 29.9 us "
+              "under MPS); start the MPS control daemon before attnd (deploy/mps)\"",
+              mps, sv->dm->device_name);
+}
+
 void attnd_serve_set_observe(attnd_serve *sv, attnd_observe *obs)
 {
     sv->metrics = attnd_observe_metrics(obs);
     sv->log_limit = attnd_observe_ratelimit(obs);
     sv->steps.metrics = sv->metrics;
     sv->inflight.metrics = sv->metrics;
+    sv->streams.metrics = sv->metrics;
+    serve_report_mps(sv, obs);
 }
 
 attnd_err attnd_serve_open_shm(attnd_serve *sv, const attnd_config *cfg, char *err, size_t n)
@@ -195,4 +216,6 @@ void attnd_serve_gauges(attnd_serve *sv, attnd_observe *obs)
 {
     attnd_observe_gauges(obs, attnd_cache_blocks_free(sv->cache), attnd_cache_num_seqs(sv->cache),
                          sv->sessions.count);
+    if (sv->metrics)
+        attnd_metrics_gauge_set(sv->metrics, ATTND_METRICS_GAUGE_STREAMS, sv->streams.count);
 }

@@ -183,6 +183,7 @@ static void chan_release(attnd_streams *ss, attnd_stream_chan *ch)
     attnd_err rv = ATTND_ERR_OK;
     for (uint32_t l = 0; l < ch->layers && rv == ATTND_ERR_OK; l++)
         rv = attnd_stream_release(be, &ch->qkv[l], 1);
+    if (ss->metrics) attnd_metrics_event(ss->metrics, ATTND_METRICS_EVENT_STREAM_RELEASES);
     ATTND_LOG(ss->log, ATTND_LOG_WARN,
               "event=stream_release stream=%u session=%llu step=%llu why=\"%s\" code=%s err=\"%s\"",
               ch->id, (unsigned long long)ch->session, (unsigned long long)ch->step_id,

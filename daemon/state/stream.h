@@ -18,6 +18,7 @@
 
 #include "../core/log.h"
 #include "../core/shmguard.h"
+#include "../obs/metrics.h"
 #include "attnd/kernels.h"
 #include "session.h"
 #include "step.h"
@@ -60,7 +61,8 @@ typedef struct attnd_streams {
     attnd_sx_timeouts t;
     attnd_stream_reply_fn reply;
     void *reply_arg;
-    uint32_t stuck; /* channels quarantined since start */
+    uint32_t stuck;         /* channels quarantined since start */
+    attnd_metrics *metrics; /* releases counted; NULL = not counted */
 } attnd_streams;
 
 /* max channels at once (0 = off), step_ms: a step's deadline, drain_ms: a release's. */
