@@ -64,10 +64,14 @@ class StreamChannel:
     def __init__(self, client: Client) -> None:
         self._client = client
         self._lib = client._lib
+        self.cuda = client.backend == "cuda"
+        if self.cuda:  # the library allocates its flag words in this thread's CUDA context
+            import torch
+
+            torch.zeros(1, device="cuda")
         p = ffi.new("attnd_client_stream **")
         client._check(self._lib.attnd_client_stream_open(client._c, p))
         self._s: Any = p[0]
-        self.cuda = client.backend == "cuda"
 
     @property
     def id(self) -> int:
