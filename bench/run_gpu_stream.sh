@@ -3,12 +3,12 @@
 #   1. client/python/tests/test_stream.py against the CUDA daemon (torch CUDA tensors, torch
 #      streams, a decode step captured in a CUDA graph and replayed, the Generator's tokens and
 #      logits identical through a channel and through Client.attend, a timeout);
-#   2. bench/stream_gpu.py overhead: the decode-step per-layer cost of the handoff (32 layers,
+#   2. bench/stream_gpu.py e2e: two workers, one killed mid-step; the survivor bit-identical to
+#      a solo run, the daemon up, every block back;
+#   3. bench/stream_gpu.py overhead: the decode-step per-layer cost of the handoff (32 layers,
 #      32 q / 8 kv heads, head 128, bf16; 32 x 2048 and 8 x 512);
-#   3. bench/bench_hf.py: the Llama-3-8B-shaped model, SDPA vs attnd (Attend), attnd over a
-#      stream channel, and the channel with the decode step captured in a CUDA graph;
-#   4. bench/stream_gpu.py e2e (last: it kills a worker mid-step): two workers, the survivor
-#      bit-identical to a solo run, the daemon up, every block back.
+#   4. bench/bench_hf.py: the Llama-3-8B-shaped model, SDPA vs attnd (Attend), attnd over a
+#      stream channel, and the channel with the decode step captured in a CUDA graph.
 #
 # Here (the build machine):
 #   nice cmake -S . -B build-cuda -DATTND_CUDA=ON -DATTND_TESTS=OFF \
@@ -65,9 +65,13 @@ start_daemon() {  # config, log -> $daemon_pid
   cat "$2"; return 1
 }
 
-stop_daemon() {
-  kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid"
-  echo "attnd exit status $?"
+stop_daemon() {  # SIGTERM, at most 15 s, then SIGKILL
+  kill -TERM "$daemon_pid" 2>/dev/null
+  for _ in $(seq 150); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$daemon_pid" 2>/dev/null; then
+    echo "attnd did not exit in 15 s: SIGKILL"; kill -KILL "$daemon_pid"
+  fi
+  wait "$daemon_pid"; echo "attnd exit status $?"
 }
 
 run() {
@@ -88,37 +92,38 @@ run() {
   nvidia-cuda-mps-control -d && echo "MPS control daemon started"
 
   echo "== 1. test_stream.py, CUDA daemon, MPS"
-  ATTND_TEST_BACKEND=cuda timeout 110 python3 -m pytest -q -p no:cacheprovider \
+  ATTND_TEST_BACKEND=cuda ATTND_TEST_LOG_DIR="$out" ATTND_TEST_LOG_LEVEL=info timeout 100 \
+    python3 -m pytest -v -rA --tb=short -p no:cacheprovider -o faulthandler_timeout=30 \
     "$dir/python/tests/test_stream.py" >"$out/test_stream_cuda.log" 2>&1
-  echo "rc=$?"; tail -25 "$out/test_stream_cuda.log"
+  echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|Error|assert|passed|failed" \
+    "$out/test_stream_cuda.log" | head -30
 
   sock=/tmp/attnd-stream.sock
   daemon_config 32 6144 "$sock" >"$out/attnd_stream.json"
-  echo "== 2. per-layer overhead"
-  start_daemon "$out/attnd_stream.json" "$out/attnd_overhead.log" || return 1
-  timeout 90 python3 "$dir/stream_gpu.py" overhead --url "ipc://$sock" \
-    --json "$out/stream_overhead.json" 2>&1 | tail -8
-  echo "rc=${PIPESTATUS[0]}"
+  echo "== 2. e2e: two workers, one killed mid-step"
+  start_daemon "$out/attnd_stream.json" "$out/attnd_e2e.log" || return 1
+  timeout 80 python3 -X faulthandler "$dir/stream_gpu.py" e2e --url "ipc://$sock" \
+    --log "$out/attnd_e2e.log" --json "$out/stream_e2e.json"
+  echo "rc=$?"
   stop_daemon
-  grep -a -E "event=mps|event=stream|event=device_failed" "$out/attnd_overhead.log" | head -5
+  grep -a -E "event=mps|event=stream|event=device_failed|level=error" "$out/attnd_e2e.log" | head -8
 
-  echo "== 3. bench_hf.py, MPS"
+  echo "== 3. per-layer overhead"
+  start_daemon "$out/attnd_stream.json" "$out/attnd_overhead.log" || return 1
+  timeout 80 python3 -X faulthandler "$dir/stream_gpu.py" overhead --url "ipc://$sock" \
+    --json "$out/stream_overhead.json"
+  echo "rc=$?"
+  stop_daemon
+  grep -a -E "event=stream|event=device_failed|level=error" "$out/attnd_overhead.log" | head -5
+
+  echo "== 4. bench_hf.py, MPS"
   daemon_config 32 4608 "$sock" >"$out/attnd_bench.json"
   start_daemon "$out/attnd_bench.json" "$out/attnd_bench.log" || return 1
-  timeout 220 python3 "$dir/bench_hf.py" --url "ipc://$sock" --label mps \
-    --json "$out/bench_hf_mps.json" 2>&1 | tail -12
-  echo "rc=${PIPESTATUS[0]}"
+  timeout 200 python3 "$dir/bench_hf.py" --url "ipc://$sock" --label mps \
+    --json "$out/bench_hf_mps.json"
+  echo "rc=$?"
   stop_daemon
-  grep -a -E "event=mps|event=stream_release|device_failed" "$out/attnd_bench.log" | head -5
-
-  # last: a worker killed mid-step leaves the daemon's stream to run out over its memory
-  echo "== 4. e2e: two workers, one killed mid-step"
-  start_daemon "$out/attnd_stream.json" "$out/attnd_e2e.log" || return 1
-  timeout 90 python3 "$dir/stream_gpu.py" e2e --url "ipc://$sock" --log "$out/attnd_e2e.log" \
-    --json "$out/stream_e2e.json" 2>&1 | tail -15
-  echo "rc=${PIPESTATUS[0]}"
-  stop_daemon
-  grep -a -E "event=mps|event=stream|event=device_failed" "$out/attnd_e2e.log" | head -8
+  grep -a -E "event=stream_release|device_failed|level=error" "$out/attnd_bench.log" | head -5
   echo quit | nvidia-cuda-mps-control
   date -u +%FT%TZ
 }

@@ -95,15 +95,19 @@ def e2e(url: str, log: str | None) -> dict:
             want = run_worker(solo, ch)
         for s in (1, 2):
             solo.free(s)
-    kid = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", "--url", url],
-                           stdout=subprocess.PIPE, text=True)
-    line = kid.stdout.readline().strip()
-    res["child_mid_step"] = line.startswith("READY")
+    # the survivor's regions and channel are set up first: while the child's step waits on the
+    # GPU only per-step requests reach the daemon
     with attnd.Client(url) as b, b.stream() as ch:
         for s in (1, 2):
             b.create(s)
         bufs = buffers(b, 256)
+        kid = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", "--url", url],
+                               stdout=subprocess.PIPE, text=True)
+        line = kid.stdout.readline().strip()
+        res["child_mid_step"] = line.startswith("READY")
+        print("child:", line, flush=True)
         got = run_worker(b, ch, STEPS[:1], 0, bufs)
+        print("survivor: step 0 done; killing the child", flush=True)
         kid.send_signal(signal.SIGKILL)
         kid.wait()
         got += run_worker(b, ch, STEPS[1:], 1, bufs)
@@ -208,6 +212,7 @@ class Decode:
 def overhead(url: str, batch: int, ctx: int, reps: int) -> dict:
     with attnd.Client(url) as c:
         d = Decode(c, batch, ctx)
+        print(f"overhead: {batch} x {ctx} prefilled", flush=True)
         L = d.L
         res = {"batch": batch, "ctx": ctx, "layers": L}
         for name, serial, gemm in (("presignalled", False, False), ("serial", True, False),
@@ -279,6 +284,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
+    import faulthandler
+
+    faulthandler.dump_traceback_later(70)  # where it hangs, if it does
     torch.cuda.init()
     torch.empty(1, device="cuda")  # a current context in this thread for the channel
     if a.what == "child":

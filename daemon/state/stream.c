@@ -82,10 +82,11 @@ static void flags_unlink(attnd_stream_chan *ch)
 
 /* ---------------------------------------------------------------- open, free */
 
-static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
+/* Free a channel's memory (its stream is gone). On a device backend only while no channel's
+ * stream may be waiting: cudaFree waits for the whole device (attnd_streams_tick). */
+static void chan_free_memory(attnd_streams *ss, attnd_stream_chan *ch)
 {
     attnd_backend *be = chan_be(ss);
-    attnd_stream_destroy(be, ch->stream);
     if (attnd_backend_is_device(be)) {
         attnd_backend_free(be, ch->qkv);
     } else if (ch->qkv != NULL) {
@@ -97,6 +98,29 @@ static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
     attnd_backend_free(be, ch->index_dev);
     attnd_device_host_free(be, ch->index_host);
     free(ch);
+}
+
+/* Destroy ch's stream (work still queued runs out on its own) and free its memory: at once on
+ * host backends, on device ones once no stream waits (the grave, emptied by the tick). */
+static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
+{
+    attnd_stream_destroy(chan_be(ss), ch->stream);
+    ch->stream = NULL;
+    if (!attnd_backend_is_device(chan_be(ss))) {
+        chan_free_memory(ss, ch);
+        return;
+    }
+    ch->next = ss->grave;
+    ss->grave = ch;
+}
+
+static void streams_bury(attnd_streams *ss)
+{
+    while (ss->grave) {
+        attnd_stream_chan *ch = ss->grave;
+        ss->grave = ch->next;
+        chan_free_memory(ss, ch);
+    }
 }
 
 /* Unlink ch from the channels and free it. */
@@ -120,6 +144,12 @@ static attnd_err chan_alloc(attnd_streams *ss, attnd_stream_chan *ch, char *err,
         return attnd_errf(err, n, rv, "stream: %s", attnd_backend_last_error(be));
     if ((rv = attnd_backend_alloc(be, ss->steps->dm->ws3d_bytes, &ch->ws3d)) != ATTND_ERR_OK)
         return attnd_errf(err, n, rv, "stream: its split-KV workspace: %s", attnd_strerror(rv));
+    /* index arrays of any step the limits allow, allocated now: no allocation while streams
+     * wait (device backends; host ones read the plan's arrays in place) */
+    if (attnd_backend_is_device(be) && (ch->index_cap = ss->steps->dm->index_slot_bytes) &&
+        ((rv = attnd_backend_alloc(be, ch->index_cap, &ch->index_dev)) != ATTND_ERR_OK ||
+         (rv = attnd_device_host_alloc(be, ch->index_cap, &ch->index_host)) != ATTND_ERR_OK))
+        return attnd_errf(err, n, rv, "stream: its index arrays: %s", attnd_strerror(rv));
     ch->qkv_bytes = (size_t)ch->layers * sizeof(uint32_t);
     return attnd_backend_is_device(be) ? flags_device(ss, ch, err, n) : flags_shm(ss, ch, err, n);
 }
@@ -299,7 +329,8 @@ static int chan_observe(attnd_streams *ss, attnd_stream_chan *ch)
 /* The step's index arrays where the channel's kernels read them: in place on host backends; on
  * device backends uploaded on the channel's stream into its own buffer (its previous step drained
  * before this one began, so the staging is free). */
-static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st)
+static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st, char *err,
+                            size_t n)
 {
     attnd_backend *be = chan_be(ss);
     size_t bytes = st->plan.index_bytes;
@@ -308,16 +339,11 @@ static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step
         st->index.dev = st->ws;
         return ATTND_ERR_OK;
     }
-    if (bytes > ch->index_cap) {
-        attnd_backend_free(be, ch->index_dev);
-        attnd_device_host_free(be, ch->index_host);
-        ch->index_dev = ch->index_host = NULL;
-        ch->index_cap = 0;
-        if ((rv = attnd_backend_alloc(be, bytes, &ch->index_dev)) != ATTND_ERR_OK ||
-            (rv = attnd_device_host_alloc(be, bytes, &ch->index_host)) != ATTND_ERR_OK)
-            return rv;
-        ch->index_cap = bytes;
-    }
+    if (bytes > ch->index_cap)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "step: its index arrays take %zu bytes, the stream channel holds %zu "
+                          "(limits raised since it opened: open a new one)",
+                          bytes, ch->index_cap);
     memcpy(ch->index_host, st->ws, bytes);
     if ((rv = attnd_stream_select(be, ch->stream)) != ATTND_ERR_OK) return rv;
     rv = attnd_device_upload(be, ch->index_dev, ch->index_host, bytes);
@@ -347,8 +373,9 @@ static attnd_err chan_arm(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *
                           const attnd_attend_io *io, uint32_t nio, char *err, size_t en)
 {
     attnd_backend *be = chan_be(ss);
-    attnd_err rv = chan_index(ss, ch, st);
+    attnd_err rv = chan_index(ss, ch, st, err, en);
     uint32_t l = 0;
+    if (rv != ATTND_ERR_OK) return rv;
     /* copy-on-write copies were queued on the backend's stream: the layers run after them */
     if (rv == ATTND_ERR_OK) rv = attnd_stream_after_backend(be, ch->stream);
     for (; l < ch->layers && rv == ATTND_ERR_OK; l++)
@@ -452,11 +479,15 @@ uint32_t attnd_streams_poll(attnd_streams *ss, int *hot)
 
 void attnd_streams_tick(attnd_streams *ss)
 {
+    int running = 0;
     for (attnd_stream_chan *ch = ss->head, *next; ch; ch = next) {
         next = ch->next;
         if (!attnd_sx_running(&ch->sx) || chan_observe(ss, ch)) continue;
         chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_TICK, attnd_clock_ms(), &ss->t));
     }
+    for (attnd_stream_chan *ch = ss->head; ch; ch = ch->next)
+        running |= attnd_sx_running(&ch->sx);
+    if (!running) streams_bury(ss);
 }
 
 int attnd_streams_holds_region(const attnd_streams *ss, uint64_t session, uint32_t region)
@@ -503,4 +534,5 @@ void attnd_streams_fini(attnd_streams *ss)
         ch->step = NULL;
         chan_remove(ss, ch);
     }
+    streams_bury(ss);
 }
