@@ -4,6 +4,11 @@ layers, 32 q / 8 kv heads, head 128) generating greedily with attention through 
 daemon at --url, CUDA IPC) and with transformers' SDPA, in one process: prefill time, decode
 tokens/s and the time spent in Attend, for each --shape BATCHxPROMPT, --new tokens each.
 
+impls (--impl, default all): sdpa; attnd (Client.attend: a host round trip per layer);
+attnd-stream (a stream channel: each layer handed over on the model's CUDA stream);
+attnd-stream-graph (the same, with the decode step's forward captured once in a CUDA graph and
+replayed each step, only StreamBegin / StreamEnd on the host).
+
     python3 bench/bench_hf.py --url ipc:///tmp/attnd.sock --shape 32x2048 --shape 16x1024
 """
 
@@ -63,10 +68,11 @@ class AttendTimer:
         client.attend = timed  # type: ignore[method-assign]
 
 
-def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int) -> dict[str, float]:
+def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
+              stream: bool = False) -> dict[str, float]:
     model.config._attn_implementation = at.NAME
     timer = AttendTimer(client)
-    with at.Generator(model, client, max_step_tokens=ids.numel()) as gen:
+    with at.Generator(model, client, max_step_tokens=ids.numel(), stream=stream) as gen:
         seqs = [gen.add(row.tolist(), new + 1) for row in ids]
         t0 = sync_time()
         gen.step()  # every prompt whole, each gets its first token
@@ -80,6 +86,92 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int) -> 
             "prefill_attend_s": prefill_attend, "decode_attend_s": timer.total}
 
 
+class GraphDecode:
+    """The decode forward of B sequences (one token each, packed) with the stream channel's
+    per-layer handoff inside, captured once in a CUDA graph on static inputs."""
+
+    def __init__(self, model: Any, gen: at.Generator, seqs: list, dtype: torch.dtype) -> None:
+        b, dev = len(seqs), next(model.parameters()).device
+        self.model, self.gen, self.ch = model, gen, gen._channel
+        self.ids = torch.zeros((1, b), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((1, b), dtype=torch.long, device=dev)
+        self.keep = torch.arange(b, device=dev)
+        ws = gen._workspace_for(b, dtype, dev)
+        ws.reset()
+        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), dict(gen.expect), ws,
+                              channel=self.ch)
+        self.bufs = self.fw.carve(b, dtype)
+        self.pairs = [(s.seq_id, 1) for s in seqs]
+        self.logits: torch.Tensor | None = None
+
+    def forward(self) -> torch.Tensor:
+        self.fw.attended.clear()
+        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen.expect,
+                          reset=False, fw=self.fw):
+            return self.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
+                              logits_to_keep=self.keep).logits[0]
+
+    def eager_step(self) -> torch.Tensor:
+        """One real decode step run eagerly (the warm-up capture wants)."""
+        st = self.ch.begin(self.pairs, *self.bufs)
+        self.fw.stream_step = st
+        try:
+            return self.forward()
+        finally:
+            self.ch.end(st)
+
+    def capture(self) -> None:
+        self.fw.stream_step = attnd.StreamStep(0, len(self.pairs), (), *self.bufs)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.forward()
+
+    def replay_step(self) -> torch.Tensor:
+        st = self.ch.begin(self.pairs, *self.bufs)
+        self.graph.replay()
+        self.ch.end(st)
+        assert self.logits is not None
+        return self.logits
+
+
+def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
+                    new: int) -> dict[str, float]:
+    """Prefill through the Generator's stream channel, then `new` decode steps whose forward is
+    one CUDA graph replay each (the first decode step runs eagerly, before the capture)."""
+    model.config._attn_implementation = at.NAME
+    with at.Generator(model, client, max_step_tokens=ids.numel(), stream=True) as gen, \
+            torch.inference_mode():
+        seqs = [gen.add(row.tolist(), new + 1) for row in ids]
+        t0 = sync_time()
+        gen.step()  # every prompt whole, each gets its first token
+        t1 = sync_time()
+        gd = GraphDecode(model, gen, seqs, next(model.parameters()).dtype)
+        toks = torch.tensor([s.tokens[-1] for s in seqs], device=ids.device)
+        pos = torch.tensor([len(s.tokens) - 1 for s in seqs], device=ids.device)
+        for k in range(new):
+            gd.ids[0].copy_(toks)
+            gd.pos[0].copy_(pos + k)
+            logits = gd.eager_step() if k == 0 else gd.replay_step()
+            toks = logits.argmax(-1)
+            if k == 0:
+                torch.cuda.synchronize()
+                gd.capture()
+                t2 = sync_time()  # decode timed from the first replayed step
+        t3 = sync_time()
+    return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * (new - 1) / (t3 - t2)}
+
+
+IMPLS = ("sdpa", "attnd", "attnd-stream", "attnd-stream-graph")
+
+
+def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> dict[str, float]:
+    if impl == "sdpa":
+        return run_sdpa(model, ids, new)
+    if impl == "attnd-stream-graph":
+        return run_attnd_graph(model, c, ids, new)
+    return run_attnd(model, c, ids, new, stream=impl == "attnd-stream")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True)
@@ -87,6 +179,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--json")
     ap.add_argument("--label", default="")
+    ap.add_argument("--impl", action="append", choices=IMPLS)
     a = ap.parse_args()
     at.register()
     torch.manual_seed(0)
@@ -100,10 +193,12 @@ def main() -> int:
         for shape in a.shape or ["32x2048", "16x1024"]:
             b, p = (int(x) for x in shape.split("x"))
             ids = torch.randint(1, LLAMA3_8B["vocab_size"], (b, p), device="cuda")
-            run_sdpa(model, ids[:2, :64], 2)  # warm-up (kernels, allocator)
-            run_attnd(model, c, ids[:2, :64], 2)
-            for impl in ("sdpa", "attnd"):
-                r = run_sdpa(model, ids, a.new) if impl == "sdpa" else run_attnd(model, c, ids, a.new)
+            for impl in a.impl or IMPLS:
+                try:
+                    run(impl, model, c, ids[:2, :64], 3)  # warm-up (kernels, allocator)
+                    r = run(impl, model, c, ids, a.new)
+                except Exception as e:  # noqa: BLE001  one impl failing does not end the bench
+                    r = {"error": f"{type(e).__name__}: {e}"}
                 rows.append({"shape": shape, "impl": impl, "label": a.label, **r})
                 print(json.dumps(rows[-1]), flush=True)
     if a.json:

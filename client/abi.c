@@ -134,7 +134,12 @@
     XX(attnd_linear_args, out)                                                                     \
     XX(attnd_linear_args, slopes)                                                                  \
     XX(attnd_linear_args, num_slopes)                                                              \
-    XX(attnd_linear_args, block_size)
+    XX(attnd_linear_args, block_size)                                                              \
+    XX(attnd_stream_layer, q)                                                                      \
+    XX(attnd_stream_layer, k_new)                                                                  \
+    XX(attnd_stream_layer, v_new)                                                                  \
+    XX(attnd_stream_layer, out)                                                                    \
+    XX(attnd_stream_layer, out_lse)
 
 /* XX(type) for every public struct. */
 #define ATTND_CLIENT_ABI_TYPES(XX)                                                                 \
@@ -153,7 +158,8 @@
     XX(attnd_merge_args)                                                                           \
     XX(attnd_varlen_args)                                                                          \
     XX(attnd_blocksparse_args)                                                                     \
-    XX(attnd_linear_args)
+    XX(attnd_linear_args)                                                                          \
+    XX(attnd_stream_layer)
 
 typedef struct abi_entry {
     const char *type, *field;

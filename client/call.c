@@ -50,6 +50,12 @@ static int call_carry(attnd_client *c, attnd_client_transport_call *call)
 
 attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **rep)
 {
+    return attnd_client_rpc_timeout(c, req, rep, call_timeout(c));
+}
+
+attnd_err attnd_client_rpc_timeout(attnd_client *c, Attnd__Request *req, Attnd__Reply **rep,
+                                   int32_t timeout_ms)
+{
     const char *what = attnd_client_body_name(req->body_case);
     reply_sink sink = {.c = c, .req = req};
     char err[sizeof c->last_error];
@@ -69,7 +75,7 @@ attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **
     /* the session lives on the socket's connection: without it no transport may carry a call */
     if (is_lost(c)) return attnd_client_fail_lost(c, req);
     call.req_len = attnd__request__get_packed_size(req);
-    call.timeout_ms = call_timeout(c);
+    call.timeout_ms = timeout_ms;
     if (!call_carry(c, &call) || call.lost) return attnd_client_fail_lost(c, req);
     if (call.rv != ATTND_ERR_OK) return attnd_client_fail(c, call.rv, "%s: %s", what, err);
     *rep = sink.rep;

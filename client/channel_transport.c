@@ -207,8 +207,8 @@ static void slot_abandon(attnd_client_chan *ch, uint32_t i)
 
 /* ---------------------------------------------------------------- one call */
 
-/* Requests the channel carries: the per-layer and per-step ones, whose replies are small (an
- * Attend with an INLINE output has a large one: it takes the socket). */
+/* Requests the channel carries: the per-layer and per-step ones (stream steps' too), whose
+ * replies are small (an Attend with an INLINE output has a large one: it takes the socket). */
 static int chan_carries(const Attnd__Request *req)
 {
     const Attnd__Attend *a;
@@ -219,6 +219,8 @@ static int chan_carries(const Attnd__Request *req)
     case ATTND__REQUEST__BODY_FREE:
     case ATTND__REQUEST__BODY_FORK:
     case ATTND__REQUEST__BODY_TRUNCATE:
+    case ATTND__REQUEST__BODY_STREAM_BEGIN:
+    case ATTND__REQUEST__BODY_STREAM_END:
         return 1;
     case ATTND__REQUEST__BODY_ATTEND:
         a = req->attend;

@@ -63,6 +63,9 @@ static inline void attnd_client_copy_str(char *dst, size_t cap, const char *src)
  * *rep holds the reply (free with attnd__reply__free_unpacked); otherwise *rep is NULL, the
  * error message is recorded and the daemon's or the local code is returned. */
 attnd_err attnd_client_rpc(attnd_client *c, Attnd__Request *req, Attnd__Reply **rep);
+/* attnd_client_rpc with a call budget of its own (ms, < 0: none) instead of the client's. */
+attnd_err attnd_client_rpc_timeout(attnd_client *c, Attnd__Request *req, Attnd__Reply **rep,
+                                   int32_t timeout_ms);
 /* attnd_client_connect's channel: on failure calls take the socket, the reason goes to
  * chan_error and last_error stays as it was (the connect succeeded). */
 void attnd_client_channel_connect(attnd_client *c);
@@ -97,6 +100,13 @@ void attnd_client_error_restore(attnd_client *c, const attnd_client_error *e);
 void attnd_client_layers_free(attnd_client_layers *l);
 /* Free the expectation's copy (client free). */
 void attnd_client_expect_free(attnd_client *c);
+
+/* ---------------------------------------------------------------- seq.c */
+
+/* A BeginStepReply into step (and the n + 1 row offsets when query_start_loc is not NULL);
+ * PROTOCOL when it is not one. */
+attnd_err attnd_client_step_from_pb(attnd_client *c, const Attnd__Reply *rep, size_t n,
+                                    attnd_step *step, uint32_t *query_start_loc);
 
 /* ---------------------------------------------------------------- ref.c */
 

@@ -109,8 +109,8 @@ attnd_err attnd_client_seq_list(attnd_client *c, attnd_seq_info *seqs, size_t ca
 }
 
 /* Copy the step reply out, checking it covers the n sequences asked for. */
-static attnd_err step_from_pb(attnd_client *c, const Attnd__Reply *rep, size_t n, attnd_step *step,
-                              uint32_t *query_start_loc)
+attnd_err attnd_client_step_from_pb(attnd_client *c, const Attnd__Reply *rep, size_t n,
+                                    attnd_step *step, uint32_t *query_start_loc)
 {
     const Attnd__BeginStepReply *s;
     if (rep->body_case != ATTND__REPLY__BODY_STEP || rep->step->step == 0)
@@ -156,7 +156,7 @@ attnd_err attnd_client_step_begin(attnd_client *c, const attnd_step_seq *seqs, s
     req.body_case = ATTND__REQUEST__BODY_BEGIN_STEP;
     req.begin_step = &m;
     if ((rv = attnd_client_rpc(c, &req, &rep)) != ATTND_ERR_OK) goto out;
-    rv = step_from_pb(c, rep, n, step, query_start_loc);
+    rv = attnd_client_step_from_pb(c, rep, n, step, query_start_loc);
 out:
     if (rep != NULL) attnd__reply__free_unpacked(rep, NULL);
     free(items);

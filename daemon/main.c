@@ -260,6 +260,10 @@ int main(int argc, char **argv)
     int check = 0, c;
     char err[512];
     memset(&d, 0, sizeof d);
+    /* Stream channels queue waits on GPU streams; a kernel loaded lazily at its first launch
+     * (CUDA 12+'s default) may wait for those streams to drain, which they never do until the
+     * host answers: load every module when the context is made (before any CUDA call). */
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     while ((c = getopt_long(argc, argv, "c:kvh", opts, NULL)) != -1) {
         switch (c) {
         case 'c':

@@ -145,6 +145,41 @@ def check_engine_example(deploy):
     check(len(vols) == 1, "the engine example mounts the host's /run/attnd")
 
 
+MPS_DIR = "/run/nvidia-mps"
+
+
+def mps_joined(pod, containers, who):
+    """A pod joins the node's MPS: hostIPC, the host's pipe directory mounted where every
+    container's CUDA_MPS_PIPE_DIRECTORY points, user 10001 (the MPS server is per user)."""
+    vols = [v["name"] for v in pod.get("volumes", []) if v.get("hostPath", {}).get("path") == MPS_DIR]
+    check(len(vols) == 1, f"{who}: mounts the host's {MPS_DIR}")
+    check(pod.get("hostIPC") is True, f"{who}: hostIPC (MPS talks through shared memory)")
+    check(pod.get("securityContext", {}).get("runAsUser") == 10001,
+          f"{who}: runs as user 10001, as every MPS client of the node")
+    for c in containers:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        check(vols and mounts.get(vols[0]) == MPS_DIR and env.get("CUDA_MPS_PIPE_DIRECTORY") == MPS_DIR,
+              f"{who}/{c['name']}: CUDA_MPS_PIPE_DIRECTORY is the mounted {MPS_DIR}")
+
+
+def check_mps(deploy):
+    docs = load(os.path.join(deploy, "k8s", "mps-daemonset.yaml"))
+    check(len(docs) == 1 and docs[0]["kind"] == "DaemonSet", "mps-daemonset.yaml is one DaemonSet")
+    pod = docs[0]["spec"]["template"]["spec"]
+    ctl = [c for c in pod["containers"] if c.get("command", [])[:2] == ["nvidia-cuda-mps-control", "-f"]]
+    check(len(ctl) == 1, "the MPS DaemonSet runs nvidia-cuda-mps-control -f")
+    mps_joined(pod, ctl, "nvidia-mps")
+    attnd = load(os.path.join(deploy, "k8s", "daemonset.yaml"))[0]["spec"]["template"]["spec"]
+    mps_joined(attnd, attnd["containers"], "attnd")
+    engine = load(os.path.join(deploy, "k8s", "engine-example.yaml"))[0]["spec"]
+    mps_joined(engine, engine["containers"], "engine example")
+    kust = load(os.path.join(deploy, "k8s", "kustomization.yaml"))[0]
+    res = kust.get("resources", [])
+    check("mps-daemonset.yaml" in res and res.index("mps-daemonset.yaml") < res.index("daemonset.yaml"),
+          "the kustomization applies the MPS DaemonSet, before attnd's")
+
+
 def check_containerfile(deploy, attnd):
     with open(os.path.join(deploy, "Containerfile")) as f:
         text = f.read()
@@ -251,6 +286,7 @@ def main(argv):
     cm_name, configs = check_configmap(deploy, attnd)
     check_daemonset(deploy, cm_name, configs)
     check_engine_example(deploy)
+    check_mps(deploy)
     check_containerfile(deploy, attnd)
     print(f"{len(FAILURES)} failed" if FAILURES else "all deploy checks passed")
     return 1 if FAILURES else 0

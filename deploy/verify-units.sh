@@ -75,4 +75,27 @@ if command -v systemd-sysusers >/dev/null; then
         fail=1
     fi
 fi
+# 5. the MPS control daemon's unit (nvidia-mps.service): verified with the NVIDIA tools stood in
+# for by /bin/true; attnd's units join it through the same pipe directory
+sed -e 's#/usr/bin/nvidia-cuda-mps-control#/bin/true#g' -e 's#/usr/bin/nvidia-smi#/bin/true#g' \
+    "$src/nvidia-mps.service" >"$tmp/nvidia-mps.service"
+out=$(cd "$tmp" && systemd-analyze verify --man=no "$tmp/nvidia-mps.service" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || [ -n "$out" ]; then
+    echo "FAIL: systemd-analyze verify nvidia-mps.service (rc=$rc):"
+    echo "$out"
+    fail=1
+else
+    echo "ok: systemd-analyze verify nvidia-mps.service"
+fi
+for want in '^ExecStart=/usr/bin/nvidia-cuda-mps-control -f$' '^RuntimeDirectory=nvidia-mps$' \
+    '^Environment=CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps$' '^ExecStop=.*echo quit'; do
+    grep -q "$want" "$src/nvidia-mps.service" || { echo "FAIL: nvidia-mps.service lacks $want"; fail=1; }
+done
+for u in attnd.service attnd@.service; do
+    for want in '^Environment=CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps$' '^Wants=nvidia-mps.service$' \
+        '^After=.*nvidia-mps.service'; do
+        grep -q "$want" "$src/$u" || { echo "FAIL: $u lacks $want"; fail=1; }
+    done
+done
 exit $fail

@@ -65,7 +65,18 @@ Test(observe, status_is_json_with_the_reported_gauges, .timeout = 60)
     cr_assert_eq(num(j, "geometry", "num_blocks"), 100);
     cr_assert_str_eq(
         json_string_value(json_object_get(json_object_get(j, "geometry"), "cache_dtype")), "bf16");
+    cr_assert(json_is_null(json_object_get(j, "mps")), "mps unknown until a device reports it");
+    cr_assert_eq(num(j, "stream_channels", NULL), 0);
     json_decref(j);
+    attnd_observe_set_mps(obs, 0);
+    j = status_of(obs);
+    cr_assert(json_is_false(json_object_get(j, "mps")));
+    json_decref(j);
+    attnd_observe_set_mps(obs, 1);
+    j = status_of(obs);
+    cr_assert(json_is_true(json_object_get(j, "mps")));
+    json_decref(j);
+    cr_assert_eq(attnd_metrics_gauge(attnd_observe_metrics(obs), ATTND_METRICS_GAUGE_MPS), 1);
 
     attnd_observe_reload(obs, ATTND_ERR_INVALID_ARGUMENT, "limits.max_seqz: unknown key");
     attnd_observe_reload(obs, ATTND_ERR_OK, NULL);

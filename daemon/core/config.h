@@ -41,6 +41,7 @@ typedef struct attnd_cfg_server {
     uint32_t drain_timeout_ms;  /* SIGTERM: wait this long for in-flight work */
     uint32_t channels;          /* shared-memory channels open at most, 0 = off */
     uint32_t spin_us; /* the executor polls this long after its last work before it sleeps */
+    uint32_t streams; /* stream channels open at most (stream-ordered steps), 0 = off */
 } attnd_cfg_server;
 
 /* ALiBi of a layer. */
@@ -102,6 +103,7 @@ typedef struct attnd_cfg_limits {
     uint64_t max_inline_bytes;
     uint32_t request_timeout_ms; /* 0 = none */
     uint32_t reclaim_timeout_ms; /* sessions of a dropped connection live this long */
+    uint32_t stream_timeout_ms;  /* a stream step's layers must run within this */
 } attnd_cfg_limits;
 
 typedef struct attnd_config {

@@ -57,7 +57,11 @@ typedef enum attnd_metrics_req {
     XX(SEQUENCES, "attnd_sequences", "Live sequences, all sessions.")                              \
     XX(SESSIONS, "attnd_sessions", "Client sessions, including dropped ones not yet reclaimed.")   \
     XX(CONNECTIONS, "attnd_connections", "Open client connections.")                               \
-    XX(REGIONS, "attnd_regions", "Registered memory regions, all sessions.")
+    XX(REGIONS, "attnd_regions", "Registered memory regions, all sessions.")                       \
+    XX(MPS, "attnd_mps",                                                                           \
+       "1 when the daemon's CUDA context is an MPS client (what same-GPU "                         \
+       "workers need), 0 when not, -1 on the cpu backend.")                                        \
+    XX(STREAMS, "attnd_stream_channels", "Stream channels (stream-ordered steps) open.")
 
 typedef enum attnd_metrics_gauge_id {
 #define ATTND_METRICS_GAUGE_ENUM(name, metric, help) ATTND_METRICS_GAUGE_##name,
@@ -100,7 +104,9 @@ typedef enum attnd_metrics_kernel_kind {
     XX(SEND_TIMEOUTS, "attnd_send_timeouts_total",                                                 \
        "Connections closed because their client did not take a reply in time.")                    \
     XX(LISTENERS_REPLACED, "attnd_listeners_replaced_total",                                       \
-       "Listeners replaced after they stopped accepting (nanomsg/nng#1518, NNG < 1.6).")
+       "Listeners replaced after they stopped accepting (nanomsg/nng#1518, NNG < 1.6).")           \
+    XX(STREAM_RELEASES, "attnd_stream_releases_total",                                             \
+       "Stream steps released by the daemon (timeout, abort while queued, disconnect).")
 
 typedef enum attnd_metrics_event_id {
 #define ATTND_METRICS_EVENT_ENUM(name, metric, help) ATTND_METRICS_EVENT_##name,

@@ -87,6 +87,7 @@ attnd_err attnd_observe_alloc(attnd_observe **out, const attnd_config *cfg, attn
     }
     attnd_metrics_gauge_set(obs->metrics, ATTND_METRICS_GAUGE_BLOCKS_FREE,
                             cfg->geometry.num_blocks);
+    attnd_metrics_gauge_set(obs->metrics, ATTND_METRICS_GAUGE_MPS, -1);
     *out = obs;
     return ATTND_ERR_OK;
 }
@@ -98,6 +99,11 @@ void attnd_observe_set_memory(attnd_observe *obs, uint32_t num_blocks, const cha
     json_escape(obs->device_json, sizeof(obs->device_json), device ? device : "");
     obs->memory_bytes = bytes;
     attnd_metrics_gauge_set(obs->metrics, ATTND_METRICS_GAUGE_BLOCKS_FREE, num_blocks);
+}
+
+void attnd_observe_set_mps(attnd_observe *obs, int mps)
+{
+    attnd_metrics_gauge_set(obs->metrics, ATTND_METRICS_GAUGE_MPS, mps < 0 ? -1 : mps != 0);
 }
 
 attnd_metrics *attnd_observe_metrics(attnd_observe *obs)
@@ -185,6 +191,7 @@ attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, s
     const attnd_metrics *m = obs->metrics;
     const attnd_cfg_geometry *g = &obs->geo;
     int64_t free_blocks = attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_BLOCKS_FREE);
+    int64_t mps = attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_MPS);
     int n = snprintf(buf, cap,
                      "{\"version\":\"%s\",\"backend\":\"%s\",\"listen\":\"%s\",\"uptime_s\":%.3f,"
                      "\"draining\":%s,\"geometry\":",
@@ -194,11 +201,13 @@ attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, s
     size_t k = (size_t)n;
     k += status_geometry(obs, k < cap ? buf + k : NULL, k < cap ? cap - k : 0);
     n = snprintf(k < cap ? buf + k : NULL, k < cap ? cap - k : 0,
-                 ",\"memory\":{\"device\":\"%s\",\"bytes\":%llu},"
-                 "\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
+                 ",\"memory\":{\"device\":\"%s\",\"bytes\":%llu},\"mps\":%s,"
+                 "\"stream_channels\":%lld,\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
                  "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
                  "\"errors\":%llu}\n",
                  obs->device_json, (unsigned long long)obs->memory_bytes,
+                 mps < 0 ? "null" : (mps ? "true" : "false"),
+                 (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_STREAMS),
                  (long long)g->num_blocks - (long long)free_blocks, (long long)free_blocks,
                  (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SEQUENCES),
                  (long long)attnd_metrics_gauge(m, ATTND_METRICS_GAUGE_SESSIONS),
@@ -222,6 +231,8 @@ attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err
     /* the build info label wants the real backend: swap in fresh metrics before any traffic */
     if (attnd_metrics_alloc(&m, ATTND_VERSION_STRING, backend) == ATTND_ERR_OK) {
         attnd_metrics_gauge_set(m, ATTND_METRICS_GAUGE_BLOCKS_FREE, obs->geo.num_blocks);
+        attnd_metrics_gauge_set(m, ATTND_METRICS_GAUGE_MPS,
+                                attnd_metrics_gauge(obs->metrics, ATTND_METRICS_GAUGE_MPS));
         attnd_metrics_free(obs->metrics);
         obs->metrics = m;
     }

@@ -43,6 +43,9 @@ attnd_err attnd_observe_alloc(attnd_observe **obs, const attnd_config *cfg, attn
  * /status. Call before attnd_observe_start. */
 void attnd_observe_set_memory(attnd_observe *obs, uint32_t num_blocks, const char *device,
                               uint64_t bytes);
+/* Whether the daemon's CUDA context is an MPS client: 1, 0, or -1 (cpu backend, unknown);
+ * /status "mps" (true, false, null) and the attnd_mps gauge. */
+void attnd_observe_set_mps(attnd_observe *obs, int mps);
 /* Start the HTTP endpoint if cfg's http.listen is set. On failure err names the key. */
 attnd_err attnd_observe_start(attnd_observe *obs, const char *backend, char *err, size_t n);
 /* Stop the HTTP endpoint, log a final `event=final_stats` line, free. NULL is a no-op. */

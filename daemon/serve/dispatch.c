@@ -7,7 +7,8 @@
 #include "handler.h"
 
 static const attnd_req_table *const dispatch_tables[] = {
-    &attnd_req_session, &attnd_req_sequence, &attnd_req_step, &attnd_req_tensor, &attnd_req_channel,
+    &attnd_req_session, &attnd_req_sequence, &attnd_req_step,
+    &attnd_req_tensor,  &attnd_req_channel,  &attnd_req_stream,
 };
 
 /* The entry for a body, NULL for none (or unknown). */
@@ -102,7 +103,10 @@ static void dispatch_request_cb(void *arg, attnd_wire_call *wc, const Attnd__Req
     }
     c->wc = wc;
     attnd_reply_init(&c->r, req->id);
+    c->r.hold_done = dispatch_reply_cb;
+    c->r.hold_arg = c;
     attnd_dispatch(sv, req, pipe, age_ms, &c->r);
+    if (c->r.held) return; /* a stream channel answers it (serve/req_stream.c) */
     if (c->r.wait.fence != NULL)
         attnd_inflight_defer(&sv->inflight, &c->r, dispatch_reply_cb, c);
     else

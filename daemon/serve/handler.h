@@ -50,5 +50,6 @@ extern const attnd_req_table attnd_req_sequence; /* Create, Fork, Free, Query, L
 extern const attnd_req_table attnd_req_step;     /* BeginStep, Attend, EndStep */
 extern const attnd_req_table attnd_req_tensor;   /* merge, varlen, block-sparse, linear */
 extern const attnd_req_table attnd_req_channel;  /* Open/Close/WakeChannel */
+extern const attnd_req_table attnd_req_stream;   /* OpenStream, StreamBegin/End, CloseStream */
 
 #endif

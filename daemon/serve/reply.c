@@ -63,3 +63,20 @@ attnd_err attnd_reply_resolve(attnd_reply *r, attnd_handles_req *hr, const Attnd
     attnd_err rv = attnd_handles_resolve(hr, ref, spec, t, r->msg, sizeof r->msg);
     return rv == ATTND_ERR_OK ? rv : attnd_reply_code(r, rv);
 }
+
+attnd_err attnd_reply_step(const attnd_step *st, attnd_reply *r)
+{
+    Attnd__BeginStepReply *b = &r->step;
+    attnd__begin_step_reply__init(b);
+    b->query_start_loc = malloc((size_t)(st->nseqs + 1) * sizeof(uint32_t));
+    if (b->query_start_loc == NULL)
+        return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "step: out of memory");
+    for (uint32_t i = 0; i <= st->nseqs; i++)
+        b->query_start_loc[i] = (uint32_t)st->plan.query_start_loc[i];
+    b->n_query_start_loc = st->nseqs + 1;
+    b->step = st->id;
+    b->num_tokens = (uint32_t)st->plan.num_tokens;
+    r->reply.body_case = ATTND__REPLY__BODY_STEP;
+    r->reply.step = b;
+    return ATTND_ERR_OK;
+}

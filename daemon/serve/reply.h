@@ -13,6 +13,10 @@
 #include "attnd.pb-c.h"
 #include "attnd/err.h"
 
+struct attnd_reply;
+/* Where a held reply goes once its owner answered it. */
+typedef void (*attnd_reply_done_fn)(void *arg, struct attnd_reply *r);
+
 typedef struct attnd_reply {
     Attnd__Reply reply;
     char msg[512];
@@ -30,9 +34,16 @@ typedef struct attnd_reply {
     ProtobufCBinaryData out_data[ATTND_HANDLES_MAX_OUT]; /* heap data */
     Attnd__StatusReply status;
     Attnd__OpenChannelReply channel;
+    Attnd__OpenStreamReply stream;
     /* Set by a handler whose kernels still run and whose reply needs nothing else from the
      * host: the reply waits for wait.fence (serve/inflight.h) instead of leaving now. */
     attnd_kernel_wait wait;
+    /* A reply its handler holds (held 1): a stream channel answers it later (serve/req_stream.c)
+     * through hold_done(hold_arg, r), which the wire's handler sets before dispatch (NULL: this
+     * caller cannot wait, and no handler holds the reply). */
+    attnd_reply_done_fn hold_done;
+    void *hold_arg;
+    int held;
 } attnd_reply;
 
 void attnd_reply_init(attnd_reply *r, uint64_t id);
@@ -49,6 +60,8 @@ static inline attnd_err attnd_reply_code(attnd_reply *r, attnd_err code)
 #define attnd_reply_fail(r, code, ...)                                                             \
     attnd_reply_code((r), attnd_errf((r)->msg, sizeof((r)->msg), (code), __VA_ARGS__))
 
+/* A BeginStepReply for st (its id, token count and row offsets) as r's body. */
+attnd_err attnd_reply_step(const attnd_step *st, attnd_reply *r);
 /* Move hr's INLINE outputs into the reply (body outputs), in the order they were resolved. */
 void attnd_reply_take_outputs(attnd_reply *r, attnd_handles_req *hr);
 /* Start a per-request handle context over s's regions; INVALID_ARGUMENT when the INLINE input

@@ -212,6 +212,12 @@ static attnd_err req_register(attnd_serve *sv, const attnd_req_ctx *c, attnd_rep
 
 static attnd_err req_unregister(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
 {
+    uint32_t id = c->req->unregister_region->region;
+    if (attnd_streams_holds_region(&sv->streams, c->s->id, id))
+        return attnd_reply_fail(r, ATTND_ERR_FAILED_PRECONDITION,
+                                "region: %u is in use by a stream channel (end its step, or "
+                                "close it, first)",
+                                id);
     attnd_inflight_drain(&sv->inflight); /* kernels still reading a CUDA_IPC region finish
                                             before it closes */
     return attnd_reply_code(r, attnd_session_region_remove(c->s, c->req->unregister_region->region,

@@ -5,21 +5,14 @@
 #include "reply.h"
 #include "serve.h"
 
-static attnd_err reply_step(const attnd_step *st, attnd_reply *r)
+/* A step a stream channel runs takes no Attend or EndStep (serve/req_stream.c ends it). */
+static attnd_err step_not_streamed(const attnd_step *st, attnd_reply *r)
 {
-    Attnd__BeginStepReply *b = &r->step;
-    attnd__begin_step_reply__init(b);
-    b->query_start_loc = malloc((size_t)(st->nseqs + 1) * sizeof(uint32_t));
-    if (b->query_start_loc == NULL)
-        return attnd_reply_fail(r, ATTND_ERR_NO_MEMORY, "step: out of memory");
-    for (uint32_t i = 0; i <= st->nseqs; i++)
-        b->query_start_loc[i] = (uint32_t)st->plan.query_start_loc[i];
-    b->n_query_start_loc = st->nseqs + 1;
-    b->step = st->id;
-    b->num_tokens = (uint32_t)st->plan.num_tokens;
-    r->reply.body_case = ATTND__REPLY__BODY_STEP;
-    r->reply.step = b;
-    return ATTND_ERR_OK;
+    if (st->stream == 0) return ATTND_ERR_OK;
+    return attnd_reply_fail(r, ATTND_ERR_FAILED_PRECONDITION,
+                            "step: %llu runs on stream %u: its layers are queued there, and "
+                            "StreamEnd ends it",
+                            (unsigned long long)st->id, st->stream);
 }
 
 static attnd_err req_begin(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r)
@@ -45,7 +38,7 @@ static attnd_err req_begin(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply 
                           &st, r->msg, sizeof r->msg);
     free(seqs);
     if (rv != ATTND_ERR_OK) return attnd_reply_code(r, rv);
-    if ((rv = reply_step(st, r)) != ATTND_ERR_OK)
+    if ((rv = attnd_reply_step(st, r)) != ATTND_ERR_OK)
         attnd_step_end(&sv->steps, c->s, st, 1, NULL, 0); /* nothing to tell the client of */
     return rv;
 }
@@ -96,7 +89,8 @@ static attnd_err req_attend(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
     attnd_handles_req hr;
     attnd_step *st;
     attnd_err rv;
-    if ((rv = attnd_step_find(&sv->steps, c->s, m->step, &st, r->msg, sizeof r->msg)))
+    if ((rv = attnd_step_find(&sv->steps, c->s, m->step, &st, r->msg, sizeof r->msg)) ||
+        (rv = step_not_streamed(st, r)))
         return attnd_reply_code(r, rv);
     if (m->layer >= sv->model.geo.num_layers)
         return attnd_reply_fail(r, ATTND_ERR_INVALID_ARGUMENT, "layer: %u out of range (%u layers)",
@@ -119,7 +113,8 @@ static attnd_err req_end(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply *r
     /* an EndStep that aborts touches no device memory; a commit trusts what the kernels wrote */
     if (!m->abort && (rv = attnd_devmem_usable(sv->dm, r->msg, sizeof r->msg)) != ATTND_ERR_OK)
         return attnd_reply_code(r, rv);
-    if ((rv = attnd_step_find(&sv->steps, c->s, m->step, &st, r->msg, sizeof r->msg)))
+    if ((rv = attnd_step_find(&sv->steps, c->s, m->step, &st, r->msg, sizeof r->msg)) ||
+        (rv = step_not_streamed(st, r)))
         return attnd_reply_code(r, rv);
     return attnd_reply_code(r,
                             attnd_step_end(&sv->steps, c->s, st, m->abort, r->msg, sizeof r->msg));

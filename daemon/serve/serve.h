@@ -20,6 +20,7 @@
 #include "../state/model.h"
 #include "../state/session.h"
 #include "../state/step.h"
+#include "../state/stream.h"
 #include "../wire/channel.h"
 #include "../wire/wire.h"
 #include "inflight.h"
@@ -34,7 +35,8 @@ typedef struct attnd_serve {
     attnd_devmem *dm;
     attnd_cache *cache;
     attnd_sessions sessions;
-    attnd_steps steps; /* open steps of every session */
+    attnd_steps steps;     /* open steps of every session */
+    attnd_streams streams; /* stream channels (stream-ordered steps) */
     attnd_inflight inflight;
     attnd_cfg_limits limits;         /* live */
     char token[ATTND_CFG_TOKEN_MAX]; /* live */
@@ -80,6 +82,8 @@ void attnd_serve_sweep(attnd_serve *sv);
 void attnd_serve_apply_live(attnd_serve *sv, const attnd_config *cfg);
 /* One key=value stats line at info level. */
 void attnd_serve_log_stats(attnd_serve *sv);
+/* The stream channels' reply callback: answers a held StreamEnd (serve/req_stream.c). */
+void attnd_serve_stream_reply(void *arg, void *owed, attnd_err code, const char *msg);
 /* Refresh the gauges obs shows (blocks free, sequences, sessions). */
 void attnd_serve_gauges(attnd_serve *sv, attnd_observe *obs);
 /* Replies sent and errors among them (0 without a wire). */

@@ -152,7 +152,8 @@ attnd_err attnd_step_index(attnd_steps *ss, attnd_step *st, char *err, size_t n)
                : attnd_devmem_kernel_err(ss->dm, rv, "step: uploading block tables", err, n);
 }
 
-/* Plan the step into its own workspace. */
+/* Plan the step into its own workspace (and make its index arrays readable, unless a stream
+ * channel keeps them). */
 static attnd_err begin_plan(attnd_steps *ss, attnd_step *st, char *err, size_t en)
 {
     const attnd_cfg_geometry *g = &ss->model->geo;
@@ -180,7 +181,7 @@ done:
         return attnd_errf(err, en, ATTND_ERR_INTERNAL,
                           "step: the plan needs %zu bytes of split-KV workspace, %zu exist",
                           st->plan.workspace_3d, ss->dm->ws3d_bytes);
-    return attnd_step_index(ss, st, err, en);
+    return st->stream ? ATTND_ERR_OK : attnd_step_index(ss, st, err, en);
 }
 
 static attnd_step *step_alloc(const attnd_steps *ss, uint32_t n)
@@ -196,9 +197,9 @@ static attnd_step *step_alloc(const attnd_steps *ss, uint32_t n)
     return st;
 }
 
-attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
-                           uint32_t n, uint32_t max_step_tokens, attnd_step **out, char *err,
-                           size_t en)
+static attnd_err step_open(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
+                           uint32_t n, uint32_t max_step_tokens, uint32_t stream, attnd_step **out,
+                           char *err, size_t en)
 {
     attnd_err rv;
     attnd_step *st = step_alloc(ss, n);
@@ -206,6 +207,7 @@ attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_r
     if (st == NULL) return attnd_errf(err, en, ATTND_ERR_NO_MEMORY, "step: out of memory");
     st->id = ss->next_id;
     st->owner = s->id;
+    st->stream = stream;
     if ((rv = begin_validate(ss, s, seqs, n, max_step_tokens, st, err, en)) == ATTND_ERR_OK &&
         (rv = begin_reserve(ss, seqs, st, err, en)) == ATTND_ERR_OK)
         rv = begin_plan(ss, st, err, en);
@@ -219,6 +221,34 @@ attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_r
     s->nsteps++;
     *out = st;
     return ATTND_ERR_OK;
+}
+
+attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
+                           uint32_t n, uint32_t max_step_tokens, attnd_step **out, char *err,
+                           size_t en)
+{
+    return step_open(ss, s, seqs, n, max_step_tokens, 0, out, err, en);
+}
+
+attnd_err attnd_step_begin_stream(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
+                                  uint32_t n, uint32_t max_step_tokens, uint32_t stream,
+                                  attnd_step **out, char *err, size_t en)
+{
+    return step_open(ss, s, seqs, n, max_step_tokens, stream, out, err, en);
+}
+
+void attnd_step_detach(attnd_steps *ss, attnd_step *st)
+{
+    attnd_step **pp = &ss->head;
+    while (*pp && *pp != st)
+        pp = &(*pp)->next;
+    if (*pp) *pp = st->next;
+    st->next = NULL;
+}
+
+void attnd_step_free_detached(attnd_steps *ss, attnd_step *st)
+{
+    step_destroy(ss, st);
 }
 
 /* ---------------------------------------------------------------- Attend */
@@ -269,8 +299,8 @@ static uint64_t launch_io_bytes(const attnd_attend_io *io, const attnd_launch *l
     return (uint64_t)l->nrows * (q + o);
 }
 
-/* Layer `layer` with io's tensors, as the planner runs it. */
-static attnd_plan_layer step_layer(const attnd_steps *ss, uint32_t layer, const attnd_attend_io *io)
+attnd_plan_layer attnd_step_plan_layer(const attnd_steps *ss, uint32_t layer,
+                                       const attnd_attend_io *io)
 {
     attnd_plan_layer pl;
     memset(&pl, 0, sizeof pl);
@@ -316,7 +346,7 @@ attnd_err attnd_step_attend(attnd_steps *ss, attnd_step *st, uint32_t layer,
                             char *err, size_t n)
 {
     attnd_backend *be = ss->dm->be;
-    attnd_plan_layer pl = step_layer(ss, layer, io);
+    attnd_plan_layer pl = attnd_step_plan_layer(ss, layer, io);
     attnd_err rv;
     kernel_clock kc = {.t = attnd_clock_ns()};
     if ((rv = attnd_plan_write_kv(be, &st->plan, st->index.dev, &pl)) != ATTND_ERR_OK)

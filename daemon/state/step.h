@@ -29,6 +29,7 @@ typedef struct attnd_step {
     attnd_plan plan;
     attnd_index_ref index; /* the plan's index arrays where the backend reads them */
     uint8_t *attended;     /* [num_layers]: ATTND_LAYER_* */
+    uint32_t stream;       /* the stream channel that runs it (state/stream.h), 0 = none */
     struct attnd_step *next;
 } attnd_step;
 
@@ -75,6 +76,20 @@ void attnd_steps_abort_session(attnd_steps *ss, attnd_session *s);
 attnd_err attnd_step_begin(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
                            uint32_t n, uint32_t max_step_tokens, attnd_step **out, char *err,
                            size_t en);
+/* attnd_step_begin for a step the stream channel `stream` runs: no index slot is taken (the
+ * channel keeps the plan's index arrays itself, st->index.dev is its to set). */
+attnd_err attnd_step_begin_stream(attnd_steps *ss, attnd_session *s, const attnd_step_req *seqs,
+                                  uint32_t n, uint32_t max_step_tokens, uint32_t stream,
+                                  attnd_step **out, char *err, size_t en);
+/* Unlink st from the open steps without touching its sequences or blocks (a step whose kernels
+ * may still run on a stream that would not drain: its memory is never reused). */
+void attnd_step_detach(attnd_steps *ss, attnd_step *st);
+/* Free a detached step's own memory (its sequences are not touched). */
+void attnd_step_free_detached(attnd_steps *ss, attnd_step *st);
+/* Layer `layer` of a step with io's tensors, as the planner runs it (the layer's cache pools
+ * and options). */
+attnd_plan_layer attnd_step_plan_layer(const attnd_steps *ss, uint32_t layer,
+                                       const attnd_attend_io *io);
 /* Step id of s: NOT_FOUND when s has no such step open. */
 attnd_err attnd_step_find(attnd_steps *ss, const attnd_session *s, uint64_t id, attnd_step **out,
                           char *err, size_t n);

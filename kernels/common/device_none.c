@@ -86,6 +86,21 @@ void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence)
     (void)b;
     (void)fence;
 }
+
+attnd_err attnd_device_ipc_export(attnd_backend *b, void *ptr, void *handle)
+{
+    (void)b;
+    (void)ptr;
+    (void)handle;
+    return ATTND_ERR_UNSUPPORTED;
+}
+
+attnd_err attnd_device_mps(attnd_backend *b, int *active)
+{
+    (void)b;
+    *active = 0;
+    return ATTND_ERR_UNSUPPORTED;
+}
 #else
 typedef int attnd_device_none_unused; /* the cuda build implements these in device.cu */
 #endif

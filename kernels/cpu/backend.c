@@ -13,6 +13,7 @@ static attnd_err cpu_open(attnd_backend *b, const attnd_backend_opts *opts)
         free(cpu);
         return rv;
     }
+    pthread_mutex_init(&cpu->run_mu, NULL);
     b->impl = cpu;
     return ATTND_ERR_OK;
 }
@@ -21,6 +22,7 @@ static void cpu_close(attnd_backend *b)
 {
     attnd_cpu *cpu = b->impl;
     attnd_pool_free(cpu->pool);
+    pthread_mutex_destroy(&cpu->run_mu);
     free(cpu);
 }
 
@@ -62,13 +64,13 @@ const attnd_backend_ops attnd_cpu_backend_ops = {
     .free = cpu_free,
     .memcpy = cpu_memcpy,
     .sync = cpu_sync,
-    .paged_2d = attnd_cpu_paged_2d,
-    .paged_3d = attnd_cpu_paged_3d,
-    .cache_write = attnd_cpu_cache_write,
-    .merge_states = attnd_cpu_merge_states,
-    .varlen = attnd_cpu_varlen,
-    .blocksparse = attnd_cpu_blocksparse,
-    .linear_prefill = attnd_cpu_linear_prefill,
-    .linear_decode = attnd_cpu_linear_decode,
+    .paged_2d = attnd_cpu_run_paged_2d,
+    .paged_3d = attnd_cpu_run_paged_3d,
+    .cache_write = attnd_cpu_run_cache_write,
+    .merge_states = attnd_cpu_run_merge_states,
+    .varlen = attnd_cpu_run_varlen,
+    .blocksparse = attnd_cpu_run_blocksparse,
+    .linear_prefill = attnd_cpu_run_linear_prefill,
+    .linear_decode = attnd_cpu_run_linear_decode,
     .features = ATTND_FEATURE_SINKS | ATTND_FEATURE_F32_CACHE,
 };

@@ -51,6 +51,7 @@ static attnd_err cuda_open(attnd_backend *b, const attnd_backend_opts *opts)
         return rv;
     }
     c->cc = major * 10 + minor;
+    c->home = c->stream;
     // TMA descriptors are encoded by the driver; without it the sm90 core is not used
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->encode_tmap, 12000,
@@ -67,8 +68,10 @@ static void cuda_close(attnd_backend *b)
 {
     attnd_cuda *c = attnd_cuda_of(b);
     cudaSetDevice(c->device);
+    c->stream = c->home;
     cudaStreamSynchronize(c->stream);
     cudaStreamDestroy(c->stream);
+    if (c->release != NULL) cudaStreamDestroy(c->release);
     while (c->fences != NULL) {
         attnd_fence *f = c->fences;
         c->fences = f->next;

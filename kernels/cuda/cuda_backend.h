@@ -9,7 +9,10 @@
 
 typedef struct attnd_cuda {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream;    /* where ops launch: home, or the selected stream (stream.cu) */
+    cudaStream_t home;      /* the backend's own stream */
+    cudaStream_t release;   /* stream.cu: where releases are written; NULL until needed */
+    void *wait32, *write32; /* stream.cu: cuStreamWaitValue32 / cuStreamWriteValue32 */
     int num_sms;
     int max_smem_optin;         /* bytes of shared memory a block may opt into */
     int cc;                     /* compute capability, major * 10 + minor */

@@ -201,3 +201,32 @@ extern "C" void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence)
     fence->next = c->fences;
     c->fences = fence;
 }
+
+extern "C" attnd_err attnd_device_ipc_export(attnd_backend *b, void *ptr, void *handle)
+{
+    attnd_cuda *c;
+    cudaIpcMemHandle_t h;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice")) ||
+        (rv = attnd_cuda_check(b, cudaIpcGetMemHandle(&h, ptr), "cudaIpcGetMemHandle")))
+        return rv;
+    memcpy(handle, &h, sizeof h);
+    return ATTND_ERR_OK;
+}
+
+// cudaDevAttrMpsEnabled: contexts made on the device are shared through MPS (this process is
+// an MPS client); the one signal from inside a process (nvidia-smi -q shows it from outside).
+extern "C" attnd_err attnd_device_mps(attnd_backend *b, int *active)
+{
+    attnd_cuda *c;
+    int v = 0;
+    *active = 0;
+    attnd_err rv = device_cuda(b, &c);
+    if (rv != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_cuda_check(b, cudaDeviceGetAttribute(&v, cudaDevAttrMpsEnabled, c->device),
+                               "cudaDeviceGetAttribute(MpsEnabled)")))
+        return rv;
+    *active = v != 0;
+    return ATTND_ERR_OK;
+}

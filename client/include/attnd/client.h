@@ -417,6 +417,79 @@ typedef struct attnd_linear_args {
 ATTND_CLIENT_API attnd_err attnd_client_linear_prefill(attnd_client *c, const attnd_linear_args *a);
 ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const attnd_linear_args *a);
 
+/* ---------------------------------------------------------------- stream-ordered steps
+ * Same GPU (the daemon's device, under MPS): a stream channel hands each layer of a step over
+ * with two GPU stream operations on the caller's CUDA stream, no host round trip per layer, so
+ * the caller's host queues the whole step at once and may capture it in a CUDA graph:
+ *
+ *     attnd_client_stream_begin(s, seqs, n, &io, 1, &step, NULL);  // every layer queued
+ * daemon-side for each layer l (on stream):
+ *         ... write layer l's Q, K, V into io's buffers ...
+ *         attnd_client_attend_async(s, l, stream);   // = stream_signal + stream_wait
+ *         ... read io.out ...
+ *     attnd_client_stream_end(s, step.id, 0);        // returns once the daemon ran every layer
+ *
+ * Per layer two 32-bit flag words, each owned by the side that waits on it: the daemon's (the
+ * caller's stream writes 1 once the layer's Q/K/V are in place) and the caller's (the daemon's
+ * stream writes 1 once the output is there; the caller's stream waits for it and writes 0 back).
+ * The values are the same every step, so a captured graph replays. A step the daemon does not
+ * see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
+ * runs out, the step aborts, StreamEnd fails (TIMEOUT) and the channel takes no more steps:
+ * close it and open another (new flag words: capture the graph again). When StreamEnd fails for
+ * any such reason (the daemon gone included), this library writes the caller's own flag words
+ * from the host, so that no wait queued on the caller's stream stalls; that step's outputs are
+ * garbage.
+ *
+ * On a CUDA daemon the flag words are device memory (allocated through the CUDA driver in the
+ * calling thread's current context, which must exist: the caller's framework made it) and
+ * `stream` is a CUstream / cudaStream_t (NULL: the legacy default stream). On a CPU daemon
+ * (tests) they are shared memory and `stream` must be NULL: a signal is a store and a wait polls,
+ * on the calling thread. */
+typedef struct attnd_client_stream attnd_client_stream;
+
+/* One layer's tensors of a stream step (out_lse may be NULL), in registered regions (never
+ * INLINE), left in place until the step ends; on a CUDA daemon device memory. */
+typedef struct attnd_stream_layer {
+    const attnd_ref *q, *k_new, *v_new;
+    const attnd_ref *out, *out_lse;
+} attnd_stream_layer;
+
+/* OpenStream: a channel of c's session (after Hello). UNAVAILABLE (no session, or the daemon's
+ * channels are all in use or off), FAILED_PRECONDITION (no current CUDA context), UNAVAILABLE /
+ * INTERNAL from the CUDA driver, the daemon's codes. */
+ATTND_CLIENT_API attnd_err attnd_client_stream_open(attnd_client *c, attnd_client_stream **s);
+/* CloseStream, unmap and free (NULL is ignored). Nothing may still wait on its words. */
+ATTND_CLIENT_API void attnd_client_stream_close(attnd_client_stream *s);
+/* The daemon's id of the channel. */
+ATTND_CLIENT_API uint32_t attnd_client_stream_id(const attnd_client_stream *s);
+/* 1 once a step of the channel was released (timeout, abort while queued, daemon gone): only
+ * attnd_client_stream_close is left. */
+ATTND_CLIENT_API int attnd_client_stream_failed(const attnd_client_stream *s);
+/* StreamBegin over n sequences: every layer's cache write + attention is queued on the daemon's
+ * stream behind its flag word. layers: 1 entry used by every layer (the caller rewrites the same
+ * buffers layer after layer, after waiting for the previous output), or num_layers entries.
+ * query_start_loc (may be NULL) receives the n + 1 row offsets. */
+ATTND_CLIENT_API attnd_err attnd_client_stream_begin(attnd_client_stream *s,
+                                                     const attnd_step_seq *seqs, size_t n,
+                                                     const attnd_stream_layer *layers,
+                                                     size_t nlayers, attnd_step *step,
+                                                     uint32_t *query_start_loc);
+/* Queue on stream: layer's Q/K/V are in place (once the work queued before is done). */
+ATTND_CLIENT_API attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer,
+                                                      void *stream);
+/* Queue on stream: wait until the daemon wrote layer's output, then reset the word. On a CPU
+ * daemon this waits here (TIMEOUT after the channel's timeout and 5 s). */
+ATTND_CLIENT_API attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer,
+                                                    void *stream);
+/* The layer's attention as stream operations: attnd_client_stream_signal then _wait. */
+ATTND_CLIENT_API attnd_err attnd_client_attend_async(attnd_client_stream *s, uint32_t layer,
+                                                     void *stream);
+/* StreamEnd: commit (abort 0) once the daemon's stream ran every layer, or abort. The daemon's
+ * TIMEOUT (released), UNAVAILABLE (connection lost), INTERNAL...: the caller's flag words are
+ * then written from here (see above) and the channel is failed. */
+ATTND_CLIENT_API attnd_err attnd_client_stream_end(attnd_client_stream *s, uint64_t step,
+                                                   int abort);
+
 /* ---------------------------------------------------------------- layout, for bindings */
 
 /* Offset of `field` in the public struct `type` ("attnd_ref", "region"), or sizeof(type) when

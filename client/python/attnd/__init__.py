@@ -22,7 +22,8 @@ from .client import DEFAULT_URL, Client, Step, choose_spin_us
 from .dtypes import from_bf16, to_bf16
 from .errors import AttndError
 from .region import CudaRegion, Region, ShmRegion
+from .stream import StreamChannel, StreamStep
 
 __version__ = "0.1.0"
 __all__ = ["Client", "Step", "Region", "ShmRegion", "CudaRegion", "AttndError", "DEFAULT_URL",
-           "choose_spin_us", "to_bf16", "from_bf16", "__version__"]
+           "StreamChannel", "StreamStep", "choose_spin_us", "to_bf16", "from_bf16", "__version__"]

@@ -226,6 +226,23 @@ typedef struct attnd_linear_args {
 attnd_err attnd_client_linear_prefill(attnd_client *c, const attnd_linear_args *a);
 attnd_err attnd_client_linear_decode(attnd_client *c, const attnd_linear_args *a);
 
+typedef struct attnd_client_stream attnd_client_stream;
+typedef struct attnd_stream_layer {
+    const attnd_ref *q, *k_new, *v_new;
+    const attnd_ref *out, *out_lse;
+} attnd_stream_layer;
+attnd_err attnd_client_stream_open(attnd_client *c, attnd_client_stream **s);
+void attnd_client_stream_close(attnd_client_stream *s);
+uint32_t attnd_client_stream_id(const attnd_client_stream *s);
+int attnd_client_stream_failed(const attnd_client_stream *s);
+attnd_err attnd_client_stream_begin(attnd_client_stream *s, const attnd_step_seq *seqs, size_t n,
+                                    const attnd_stream_layer *layers, size_t nlayers,
+                                    attnd_step *step, uint32_t *query_start_loc);
+attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer, void *stream);
+attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer, void *stream);
+attnd_err attnd_client_attend_async(attnd_client_stream *s, uint32_t layer, void *stream);
+attnd_err attnd_client_stream_end(attnd_client_stream *s, uint64_t step, int abort);
+
 size_t attnd_client_abi_offset(const char *type, const char *field);
 """
 
@@ -234,4 +251,5 @@ STRUCTS = (
     "attnd_client_opts", "attnd_layer_opts", "attnd_geometry", "attnd_expect", "attnd_limits",
     "attnd_server_info", "attnd_status", "attnd_seq_info", "attnd_step_seq", "attnd_step", "attnd_ref", "attnd_shm",
     "attnd_merge_args", "attnd_varlen_args", "attnd_blocksparse_args", "attnd_linear_args",
+    "attnd_stream_layer",
 )

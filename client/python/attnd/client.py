@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ._lib import ffi, load
 from .errors import AttndError
 from .refs import Refs, view_of
 from .region import CudaRegion, Region, ShmRegion
+
+if TYPE_CHECKING:
+    from .stream import StreamChannel
 
 DEFAULT_URL = "ipc:///tmp/attnd.sock"
 SPIN_ENV = "ATTND_SPIN_US"
@@ -214,6 +217,13 @@ class Client:
     def _refs(self) -> Refs:
         with self._lock:
             return Refs(self._regions)
+
+    def stream(self) -> StreamChannel:
+        """A stream channel (same GPU as the daemon, under MPS): per-layer handoffs as GPU
+        stream operations (attnd.stream)."""
+        from .stream import StreamChannel
+
+        return StreamChannel(self)
 
     @property
     def channel_active(self) -> bool:

@@ -14,9 +14,12 @@ its paged cache (the model runs with use_cache=False) and applies each layer's c
 window, softcap, scale, ALiBi and sinks from its config. The Generator checks the daemon's whole
 geometry, every layer's options included, against the model before the first step (and each
 layer's call once against what the daemon reports for that layer); connect(model) opens a client
-whose Hello the daemon refuses when it is configured for another model. The forward is packed (batch 1, each sequence's new tokens in
-turn, with their own position ids), as the daemon's steps are. Models whose attention does not
-dispatch through transformers' AttentionInterface get an adapter (Bloom); for any other, the
+whose Hello the daemon refuses when it is configured for another model. With a CUDA daemon on
+this host the Generator hands the layers over on the model's CUDA stream instead (a stream
+channel, attnd.stream: no host round trip per layer; run the daemon and the engine under MPS).
+The forward is packed (batch 1, each sequence's new tokens in turn, with their own position
+ids), as the daemon's steps are. Models whose attention does not dispatch through transformers'
+AttentionInterface get an adapter (Bloom); for any other, the
 forward fails (and its step is aborted) naming the layers that never reached the daemon.
 """
 
@@ -36,6 +39,7 @@ import torch
 from .client import Client, Step
 from .config import expectation, first_difference, from_hf, sinks_of
 from .region import Region
+from .stream import StreamChannel, StreamStep
 
 NAME = "attnd"
 _current: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("attnd_forward",
@@ -62,6 +66,8 @@ class _Forward:
     workspace: Region
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     attended: dict[int, int] = field(default_factory=dict)  # layer -> Attend calls
+    channel: StreamChannel | None = None  # a stream channel's step: layers on the CUDA stream
+    stream_step: StreamStep | None = None
 
     def check_complete(self) -> None:
         """Every layer attended exactly once (the daemon would commit zeros for a missed one)."""
@@ -82,6 +88,15 @@ class _Forward:
         buf.copy_(src)
         return buf
 
+    def carve(self, tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """q, k, v, out of this step, carved before the forward (a stream step names them when
+        it begins; every layer then copies its Q/K/V into them)."""
+        g = self.client.geometry
+        heads = (g["num_q_heads"], g["num_kv_heads"], g["num_kv_heads"], g["num_q_heads"])
+        for name, h in zip(("q", "k", "v", "out"), heads):
+            self.buffers[name] = self.workspace.tensor((tokens, h, g["head_size"]), dtype)
+        return tuple(self.buffers[n] for n in ("q", "k", "v", "out"))
+
     def output(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         buf = self.buffers.get("out")
         if buf is None or buf.shape != shape or buf.dtype != dtype:
@@ -91,13 +106,15 @@ class _Forward:
 
 @contextlib.contextmanager
 def attending(client: Client, step: Step, workspace: Region,
-              checked: set[int] | None = None) -> Iterator[None]:
+              checked: set[int] | None = None, *, reset: bool = True,
+              fw: _Forward | None = None) -> Iterator[None]:
     """Route the attention calls made inside the block (one forward) to `step`, staging Q/K/V
-    in `workspace` (a region on the model's device, reset here). Each layer's call is checked
-    against the daemon's options for that layer (window, softcap, scale, sinks) unless its
-    index is in `checked` (a set kept across steps: checked once)."""
-    workspace.reset()
-    fw = _Forward(client, step, set() if checked is None else checked, workspace)
+    in `workspace` (a region on the model's device, reset here unless reset=False). Each layer's
+    call is checked against the daemon's options for that layer (window, softcap, scale, sinks)
+    unless its index is in `checked` (a set kept across steps: checked once)."""
+    if reset:
+        workspace.reset()
+    fw = fw or _Forward(client, step, set() if checked is None else checked, workspace)
     token = _current.set(fw)
     try:
         yield
@@ -176,6 +193,14 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         raise ValueError("attnd attention applies the daemon's causal mask; a custom "
                          "attention_mask cannot be honoured")
     layer = _check_call(fw, module, query, key, scaling, {**kwargs, "dropout": dropout})
+    if fw.channel is not None and fw.stream_step is not None:
+        # the daemon's stream waits for this layer's flag: copy, signal, wait, all on the
+        # model's stream, no host round trip
+        st = fw.stream_step
+        out = fw.channel.attend(st, layer, query[0].transpose(0, 1), key[0].transpose(0, 1),
+                                value[0].transpose(0, 1))
+        fw.attended[layer] = fw.attended.get(layer, 0) + 1
+        return out.unsqueeze(0), None
     q = fw.staged("q", query[0].transpose(0, 1))
     k = fw.staged("k", key[0].transpose(0, 1))
     v = fw.staged("v", value[0].transpose(0, 1))
@@ -277,7 +302,7 @@ class Generator:
 
     def __init__(self, model: Any, client: Client, *, max_step_tokens: int | None = None,
                  keep_logits: bool = False, first_seq_id: int = 1, tp_size: int = 1,
-                 tp_rank: int = 0) -> None:
+                 tp_rank: int = 0, stream: bool | None = None) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != NAME:
             raise ValueError(f'the model runs attn_implementation={impl!r}: load it with '
@@ -297,6 +322,12 @@ class Generator:
         params = inspect.signature(model.forward).parameters
         self._positions = "position_ids" in params
         self._workspace: Region | None = None
+        # stream: hand layers over on the model's CUDA stream (a stream channel). None: when
+        # the daemon runs CUDA on this host (ipc://) and the model is on a CUDA device
+        device = next(model.parameters()).device
+        self.stream = (client.backend == "cuda" and client.url.startswith("ipc://")
+                       and device.type == "cuda") if stream is None else stream
+        self._channel: StreamChannel | None = None
 
     # ------------------------------------------------------------------ sequences
     def add(self, prompt: Sequence[int], max_new_tokens: int) -> Generation:
@@ -320,7 +351,10 @@ class Generator:
         return s
 
     def close(self) -> None:
-        """Free every unfinished sequence in the daemon."""
+        """Free every unfinished sequence in the daemon (and close the stream channel)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         for s in self.seqs:
             if not s.finished:
                 s.finished = True
@@ -374,9 +408,13 @@ class Generator:
         if self._positions:
             kwargs["position_ids"] = torch.tensor([pos], device=device)
         ws = self._workspace_for(len(ids), dtype, device)
-        with self.client.step([(s.seq_id, n) for s, n in plan]) as st, \
-                attending(self.client, st, ws, self._checked), torch.inference_mode():
-            logits = self.model(**kwargs).logits[0]
+        seqs = [(s.seq_id, n) for s, n in plan]
+        with torch.inference_mode():
+            if self._stream_channel() is not None:
+                logits = self._forward_stream(seqs, ws, len(ids), dtype, kwargs)
+            else:
+                with self.client.step(seqs) as st, attending(self.client, st, ws, self._checked):
+                    logits = self.model(**kwargs).logits[0]
         for s, n in plan:
             s.computed += n
         next_tokens = logits.argmax(-1).tolist()  # one device sync for the whole batch
@@ -389,6 +427,30 @@ class Generator:
                 s.finished = True
                 self.client.free(s.seq_id)
         return True
+
+    def _stream_channel(self) -> StreamChannel | None:
+        """The open stream channel (a new one after a failed step), or None without streams."""
+        if self._channel is not None and self._channel.failed:
+            self._channel.close()
+            self._channel = None
+        if self.stream and self._channel is None:
+            self._channel = self.client.stream()
+        return self._channel
+
+    def _forward_stream(self, seqs: list[tuple[int, int]], ws: Region, tokens: int,
+                        dtype: torch.dtype, kwargs: dict[str, Any]) -> torch.Tensor:
+        """One forward with its layers handed over on the model's CUDA stream: StreamBegin
+        (every layer queued daemon-side), the forward, StreamEnd (abort when it raised)."""
+        ws.reset()
+        ch = self._channel
+        assert ch is not None
+        fw = _Forward(self.client, Step(0, tokens, (), tuple(seqs)), self._checked, ws,
+                      channel=ch)
+        with ch.step(seqs, *fw.carve(tokens, dtype)) as st:
+            fw.step = Step(st.id, st.num_tokens, st.query_start_loc, tuple(seqs))
+            fw.stream_step = st
+            with attending(self.client, fw.step, ws, self._checked, reset=False, fw=fw):
+                return self.model(**kwargs).logits[0]
 
     def run(self) -> list[Generation]:
         """Step until every sequence has its tokens; returns the sequences."""

@@ -34,7 +34,9 @@ class Daemon:
         # ATTND_TEST_BACKEND=cuda runs the same tests against the CUDA backend (GPU machine)
         self.config = {"backend": os.environ.get("ATTND_TEST_BACKEND", "cpu"), "threads": threads,
                        "server": {"listen": self.url},
-                       "geometry": geometry, "log": {"level": "warn", "stats_interval_s": 0}}
+                       "geometry": geometry,
+                       "log": {"level": os.environ.get("ATTND_TEST_LOG_LEVEL", "warn"),
+                               "stats_interval_s": 0}}
         for k, v in extra.items():
             if isinstance(v, dict):
                 self.config.setdefault(k, {}).update(v)
@@ -72,6 +74,10 @@ class Daemon:
             rc = -9
         logs = self.logs()
         self.log.close()
+        keep = os.environ.get("ATTND_TEST_LOG_DIR")  # e.g. the GPU machine's $OUT
+        if keep:
+            shutil.copy(os.path.join(self.tmp, "attnd.log"),
+                        os.path.join(keep, f"attnd-{os.path.basename(self.tmp)}.log"))
         shutil.rmtree(self.tmp, ignore_errors=True)
         if rc != 0 and exc[0] is None:
             raise RuntimeError(f"attnd exited with {rc}:\n{logs}")

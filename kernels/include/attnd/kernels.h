@@ -304,6 +304,52 @@ attnd_err attnd_device_fence_query(attnd_backend *b, attnd_fence *fence);
 /* Back to the pool (NULL is ignored). */
 void attnd_device_fence_release(attnd_backend *b, attnd_fence *fence);
 
+/* ---------------------------------------------------------------- streams (stream-ordered steps)
+ * Streams beside the backend's own, for work that waits on 32-bit flag words another process
+ * sets (DESIGN.md "Same-GPU sharing"): wait until a word equals a value, write a value after the
+ * work before it, and select a stream so that the ops (kernels, uploads, fences) that follow are
+ * queued there. On "cuda" a stream is a CUDA stream and the value ops are the driver's stream
+ * memory operations (cuStreamWaitValue32 / cuStreamWriteValue32), which a CUDA graph captures; on
+ * "cpu" a stream is a thread running its queue in order (ops launched while it is selected are
+ * copied into the queue, waits poll the word), so the protocol runs without a GPU. Flag words live
+ * in backend memory or memory mapped from another process (CUDA IPC, POSIX shm), 4-byte aligned.
+ * One thread (the daemon's executor) creates, selects, queues on and queries streams. */
+typedef struct attnd_stream attnd_stream;
+
+/* A new stream. UNSUPPORTED when the backend has no stream memory operations, NO_MEMORY,
+ * INTERNAL. */
+attnd_err attnd_stream_create(attnd_backend *b, attnd_stream **s);
+/* Destroy s (NULL is ignored). Call it once attnd_stream_query says OK: cuda leaves work still
+ * queued to finish on its own; cpu drops it (a wait in progress ends). */
+void attnd_stream_destroy(attnd_backend *b, attnd_stream *s);
+/* Queue the ops that follow (kernels, attnd_device_upload, fences) on s instead of the backend's
+ * own stream; NULL selects the backend's stream again. Never call attnd_backend_sync or
+ * attnd_backend_memcpy while a stream is selected (they would wait for it). */
+attnd_err attnd_stream_select(attnd_backend *b, attnd_stream *s);
+/* Queue on s: wait until the word at flag equals value. */
+attnd_err attnd_stream_wait_value(attnd_backend *b, attnd_stream *s, uint32_t *flag,
+                                  uint32_t value);
+/* Queue on s: write value to the word at flag once the work queued before it is done (its
+ * memory writes visible first). */
+attnd_err attnd_stream_write_value(attnd_backend *b, attnd_stream *s, uint32_t *flag,
+                                   uint32_t value);
+/* Queue on s: wait for the work queued on the backend's own stream so far. */
+attnd_err attnd_stream_after_backend(attnd_backend *b, attnd_stream *s);
+/* Write value to the word at flag from outside every stream, without waiting (cuda: a write on
+ * the backend's release stream, which no wait is ever queued on; cpu: a store): what releases a
+ * stream waiting on a word whose writer went away. */
+attnd_err attnd_stream_release(attnd_backend *b, uint32_t *flag, uint32_t value);
+/* OK: everything queued on s so far is done; TIMEOUT: not yet; INTERNAL: it failed
+ * (last_error says how). Never waits. */
+attnd_err attnd_stream_query(attnd_backend *b, attnd_stream *s);
+/* The cudaIpcMemHandle_t (ATTND_IPC_HANDLE_BYTES into handle) of backend memory at ptr (the
+ * start of an attnd_backend_alloc allocation), for another process to map. UNSUPPORTED off
+ * cuda, INTERNAL. */
+attnd_err attnd_device_ipc_export(attnd_backend *b, void *ptr, void *handle);
+/* 1 when the backend's device is shared through NVIDIA MPS (this process is an MPS client),
+ * 0 when not; UNSUPPORTED off cuda. */
+attnd_err attnd_device_mps(attnd_backend *b, int *active);
+
 /* Backend tables (cuda only when compiled with it). */
 extern const attnd_backend_ops attnd_cpu_backend_ops;
 #ifdef ATTND_HAVE_CUDA

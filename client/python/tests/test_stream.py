@@ -1,0 +1,216 @@
+"""Stream channels from Python (attnd.stream) against a real daemon: on the CPU backend the
+per-layer handoff runs on the emulated streams (numpy arrays in shm regions, the "stream" is the
+calling thread); with ATTND_TEST_BACKEND=cuda (GPU machine, MPS or not) torch CUDA tensors,
+torch streams, and a decode step captured in a CUDA graph and replayed. Outputs through a
+channel are bit-identical to the same steps through Client.attend; a stalled step times out and
+fails the channel; INLINE tensors are refused."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import attnd
+from daemon import Daemon
+
+CUDA = os.environ.get("ATTND_TEST_BACKEND") == "cuda"
+L, HQ, HK, D = 2, 8, 2, 64
+GEOMETRY = {"num_layers": L, "num_q_heads": HQ, "num_kv_heads": HK, "head_size": D,
+            "block_size": 16, "cache_dtype": "bf16", "num_blocks": 256, "max_blocks_per_seq": 64}
+STEPS = [[(1, 13), (2, 7)], [(1, 1), (2, 1)], [(1, 1), (2, 1)]]
+TMAX = 32
+
+
+@pytest.fixture
+def daemon():
+    with Daemon(GEOMETRY, limits={"stream_timeout_ms": 1000}) as d:
+        yield d
+
+
+def inputs(k: int, layer: int, t: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(100 * k + layer)
+    return tuple(rng.uniform(-1, 1, (t, h, D)).astype(np.float32) for h in (HQ, HK, HK))
+
+
+class Buffers:
+    """q, k, v, out for TMAX rows in registered regions: shm arrays, or CUDA tensors."""
+
+    def __init__(self, c: attnd.Client) -> None:
+        if CUDA:
+            import torch
+
+            self.all = [c.empty((TMAX, h, D), torch.float32, "cuda") for h in (HQ, HK, HK, HQ)]
+        else:
+            r = c.region(4 * TMAX * (2 * HQ + 2 * HK) * D)
+            self.all = [r.array((TMAX, h, D)) for h in (HQ, HK, HK, HQ)]
+
+    def rows(self, t: int) -> list:
+        return [b[:t] for b in self.all]
+
+
+def put(dst, src: np.ndarray) -> None:
+    if CUDA:
+        import torch
+
+        dst.copy_(torch.from_numpy(src))
+    else:
+        dst[...] = src
+
+
+def host(x) -> np.ndarray:
+    return x.cpu().numpy().copy() if CUDA else np.array(x)
+
+
+def run_attend(c: attnd.Client) -> list[np.ndarray]:
+    b, outs = Buffers(c), []
+    for s in (1, 2):
+        c.create(s)
+    for k, seqs in enumerate(STEPS):
+        t = sum(n for _, n in seqs)
+        q, kk, v, o = b.rows(t)
+        with c.step(seqs) as st:
+            for layer in range(L):
+                for dst, src in zip((q, kk, v), inputs(k, layer, t)):
+                    put(dst, src)
+                c.attend(st, layer, q, kk, v, out=o)
+                outs.append(host(o))
+    return outs
+
+
+def run_stream(c: attnd.Client, ch: attnd.StreamChannel) -> list[np.ndarray]:
+    b, outs = Buffers(c), []
+    for s in (1, 2):
+        c.create(s)
+    for k, seqs in enumerate(STEPS):
+        t = sum(n for _, n in seqs)
+        q, kk, v, o = b.rows(t)
+        with ch.step(seqs, q, kk, v, o) as st:
+            assert st.num_tokens == t
+            for layer in range(L):
+                for dst, src in zip((q, kk, v), inputs(k, layer, t)):
+                    put(dst, src)
+                outs.append(host(ch.attend(st, layer)))
+    return outs
+
+
+def test_stream_steps_equal_attend_bit_for_bit(daemon):
+    with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
+        got, want = run_stream(a, ch), run_attend(b)
+        assert len(got) == len(want) == len(STEPS) * L
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)
+        assert not ch.failed
+        assert a.query(1)["num_tokens"] == 15
+
+
+def test_a_stalled_step_times_out_and_fails_the_channel(daemon):
+    with attnd.Client(daemon.url) as c:
+        ch = c.stream()
+        b = Buffers(c)
+        c.create(1)
+        st = ch.begin([(1, 1)], *b.rows(1))
+        ch.attend(st, 0)  # layer 1 is never signalled
+        with pytest.raises(attnd.AttndError) as e:
+            ch.end(st)
+        assert e.value.name == "TIMEOUT" and "stream_timeout_ms" in e.value.message
+        assert ch.failed
+        assert c.query(1)["num_tokens"] == 0
+        with pytest.raises(attnd.AttndError, match="open a new one"):
+            ch.begin([(1, 1)], *b.rows(1))
+        ch.close()
+        with c.stream() as again:  # a new channel works from the sequences as they were
+            with again.step([(1, 1)], *b.rows(1)) as st:
+                for layer in range(L):
+                    again.attend(st, layer)
+        assert c.query(1)["num_tokens"] == 1
+
+
+def test_inline_tensors_are_refused(daemon):
+    with attnd.Client(daemon.url) as c, c.stream() as ch:
+        b = Buffers(c)
+        c.create(1)
+        q, k, v, o = b.rows(1)
+        inline = np.zeros((1, HQ, D), np.float32)
+        with pytest.raises(attnd.AttndError, match="q: INLINE"):
+            ch.begin([(1, 1)], inline, k, v, o)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need the GPU (ATTND_TEST_BACKEND=cuda)")
+def test_a_captured_decode_step_replays(daemon):
+    """The worker's side of a decode step (copies, signal and wait of every layer) captured
+    once in a CUDA graph and replayed each step: the same outputs as uncaptured steps."""
+    import torch
+
+    with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
+        want = run_attend(b)
+        buf = Buffers(a)
+        for s in (1, 2):
+            a.create(s)
+        got = []
+        t0 = sum(n for _, n in STEPS[0])
+        with ch.step(STEPS[0], *buf.rows(t0)) as st:  # the prefill, uncaptured
+            for layer in range(L):
+                for dst, src in zip(buf.rows(t0)[:3], inputs(0, layer, t0)):
+                    put(dst, src)
+                got.append(host(ch.attend(st, layer)))
+        src = [[torch.empty((2, h, D), device="cuda") for h in (HQ, HK, HK)] for _ in range(L)]
+        outs = [torch.empty((2, HQ, D), device="cuda") for _ in range(L)]
+        q, k, v, o = buf.rows(2)
+        s = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=s):
+            for layer in range(L):
+                ch.attend(ch_step_stub(2, q, k, v, o), layer, *src[layer], out=outs[layer],
+                          stream=s)
+        for k_ in (1, 2):  # replay per decode step, only StreamBegin / StreamEnd on the host
+            for layer in range(L):
+                for dst, x in zip(src[layer], inputs(k_, layer, 2)):
+                    put(dst, x)
+            st = ch.begin(STEPS[k_], q, k, v, o)
+            graph.replay()
+            ch.end(st)
+            got.extend(host(x) for x in outs)
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)
+
+
+def ch_step_stub(t: int, q, k, v, o) -> attnd.StreamStep:
+    """The tensors a captured attend() copies into: those of every replayed step."""
+    return attnd.StreamStep(0, t, (), q, k, v, o)
+
+
+def test_generator_through_a_stream_channel_matches_attend():
+    """attnd.transformers.Generator with its layers handed over on the stream channel: the same
+    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import attnd.config
+    import attnd.transformers as at
+
+    at.register()
+    torch.manual_seed(0)
+    device = "cuda" if CUDA else "cpu"
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=256)).eval().to(device)
+    model.config._attn_implementation = at.NAME
+    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    runs = []
+    with Daemon(geometry) as d:
+        for stream in (False, True):
+            with attnd.Client(d.url) as c, at.Generator(model, c, max_step_tokens=32,
+                                                        keep_logits=True, stream=stream) as gen:
+                seqs = [gen.add(p, 12) for p in prompts]
+                gen.run()
+                assert (gen._channel is not None) == stream
+                runs.append(seqs)
+    for a, b in zip(*runs):
+        assert a.generated == b.generated
+        assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))

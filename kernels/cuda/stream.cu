@@ -1,0 +1,134 @@
+// Streams on the cuda backend (kernels.h "streams"): CUDA streams beside the backend's own, and
+// the driver's stream memory operations on 32-bit flag words, reached through the runtime's
+// driver entry points (no libcuda link).
+#include <cuda.h>
+#include <stdlib.h>
+
+#include "cuda_backend.h"
+#include "stream_impl.h"
+
+struct attnd_stream {
+    cudaStream_t stream;
+    cudaEvent_t after; // attnd_stream_after_backend: recorded on the backend's stream
+};
+
+typedef CUresult (*value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+static attnd_err driver_fn(attnd_backend *b, const char *name, void **fn)
+{
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (*fn != NULL) return ATTND_ERR_OK;
+    if (cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || *fn == NULL) {
+        cudaGetLastError();
+        *fn = NULL;
+        snprintf(b->last_error, sizeof b->last_error, "streams: the driver has no %s", name);
+        return ATTND_ERR_UNSUPPORTED;
+    }
+    return ATTND_ERR_OK;
+}
+
+static attnd_err driver_check(attnd_backend *b, CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS) return ATTND_ERR_OK;
+    snprintf(b->last_error, sizeof b->last_error, "%s: CUresult %d", what, (int)r);
+    return ATTND_ERR_INTERNAL;
+}
+
+extern "C" attnd_err attnd_cuda_stream_create(attnd_backend *b, attnd_stream **out)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_err rv;
+    *out = NULL;
+    if ((rv = driver_fn(b, "cuStreamWaitValue32", &c->wait32)) != ATTND_ERR_OK ||
+        (rv = driver_fn(b, "cuStreamWriteValue32", &c->write32)) != ATTND_ERR_OK)
+        return rv;
+    attnd_stream *s = (attnd_stream *)calloc(1, sizeof *s);
+    if (s == NULL) return ATTND_ERR_NO_MEMORY;
+    if ((rv = attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice")) == ATTND_ERR_OK &&
+        (rv = attnd_cuda_check(b, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
+                               "cudaStreamCreate")) == ATTND_ERR_OK &&
+        (rv = attnd_cuda_check(b, cudaEventCreateWithFlags(&s->after, cudaEventDisableTiming),
+                               "cudaEventCreate")) != ATTND_ERR_OK)
+        cudaStreamDestroy(s->stream);
+    if (rv != ATTND_ERR_OK) {
+        free(s);
+        return rv;
+    }
+    *out = s;
+    return ATTND_ERR_OK;
+}
+
+extern "C" void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    if (c->stream == s->stream) c->stream = c->home;
+    cudaSetDevice(c->device);
+    cudaStreamDestroy(s->stream); // work still queued finishes on its own
+    cudaEventDestroy(s->after);
+    free(s);
+}
+
+extern "C" attnd_err attnd_cuda_stream_select(attnd_backend *b, attnd_stream *s)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    c->stream = s != NULL ? s->stream : c->home;
+    return ATTND_ERR_OK;
+}
+
+extern "C" attnd_err attnd_cuda_stream_value(attnd_backend *b, attnd_stream *s, int write,
+                                             uint32_t *flag, uint32_t value)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)flag;
+    if (write)
+        return driver_check(
+            b,
+            ((value32_fn)c->write32)((CUstream)s->stream, p, value, CU_STREAM_WRITE_VALUE_DEFAULT),
+            "cuStreamWriteValue32");
+    return driver_check(
+        b, ((value32_fn)c->wait32)((CUstream)s->stream, p, value, CU_STREAM_WAIT_VALUE_EQ),
+        "cuStreamWaitValue32");
+}
+
+extern "C" attnd_err attnd_cuda_stream_after_backend(attnd_backend *b, attnd_stream *s)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_err rv = attnd_cuda_check(b, cudaEventRecord(s->after, c->home), "cudaEventRecord");
+    if (rv != ATTND_ERR_OK) return rv;
+    return attnd_cuda_check(b, cudaStreamWaitEvent(s->stream, s->after, 0), "cudaStreamWaitEvent");
+}
+
+// The release stream: highest priority, never given a wait, so a write queued there runs
+// whatever the session streams wait for.
+static attnd_err release_stream(attnd_backend *b, attnd_cuda *c)
+{
+    int least = 0, greatest = 0;
+    attnd_err rv;
+    if (c->release != NULL) return ATTND_ERR_OK;
+    if ((rv = driver_fn(b, "cuStreamWriteValue32", &c->write32)) != ATTND_ERR_OK) return rv;
+    if ((rv = attnd_cuda_check(b, cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                               "cudaDeviceGetStreamPriorityRange")) != ATTND_ERR_OK)
+        return rv;
+    return attnd_cuda_check(
+        b, cudaStreamCreateWithPriority(&c->release, cudaStreamNonBlocking, greatest),
+        "cudaStreamCreateWithPriority");
+}
+
+extern "C" attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag, uint32_t value)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_err rv = release_stream(b, c);
+    if (rv != ATTND_ERR_OK) return rv;
+    return driver_check(b,
+                        ((value32_fn)c->write32)((CUstream)c->release, (CUdeviceptr)(uintptr_t)flag,
+                                                 value, CU_STREAM_WRITE_VALUE_DEFAULT),
+                        "cuStreamWriteValue32 (release)");
+}
+
+extern "C" attnd_err attnd_cuda_stream_query(attnd_backend *b, attnd_stream *s)
+{
+    cudaError_t e = cudaStreamQuery(s->stream);
+    if (e == cudaErrorNotReady) return ATTND_ERR_TIMEOUT;
+    return attnd_cuda_check(b, e, "stream");
+}
