@@ -1344,41 +1344,10 @@ __attribute__((constructor)) static void child_main(void)
     _exit(0);
 }
 
-extern char **environ;
-
-/* Fork and re-execute this binary as the child; its session id comes through a pipe. */
 static pid_t spawn_child(const attnd_daemon_proc *d, uint64_t *session)
 {
-    int p[2];
-    char url_env[256], fd_env[64];
-    size_t n = 0;
-    cr_assert_eq(pipe(p), 0);
-    snprintf(url_env, sizeof url_env, "%s=%s", CHILD_URL_ENV, d->url);
-    snprintf(fd_env, sizeof fd_env, "%s=%d", CHILD_FD_ENV, p[1]);
-    while (environ[n] != NULL)
-        n++;
-    char **envp = calloc(n + 3, sizeof *envp); /* built before fork: the child only execs */
-    cr_assert_not_null(envp);
-    memcpy(envp, environ, n * sizeof *envp);
-    envp[n] = url_env;
-    envp[n + 1] = fd_env;
-    char *argv[] = {(char *)"attnd-channel-child", NULL};
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(p[0]);
-        execve("/proc/self/exe", argv, envp);
-        _exit(127);
-    }
-    free(envp);
-    close(p[1]);
-    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
-    cr_assert_eq(poll(&pfd, 1, 10000), 1, "the child never reported");
-    cr_assert_eq(read(p[0], session, sizeof *session), (ssize_t)sizeof *session,
-                 "the child failed before reporting");
-    close(p[0]);
-    return pid;
+    return attnd_test_spawn_self("attnd-channel-child", CHILD_URL_ENV, CHILD_FD_ENV, d->url,
+                                 session);
 }
 
 static int reap(pid_t pid, int timeout_ms)

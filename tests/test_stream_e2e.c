@@ -315,37 +315,10 @@ __attribute__((constructor)) static void child_main(void)
         pause();
 }
 
-extern char **environ;
-
 static pid_t spawn_child(const attnd_daemon_proc *d, uint64_t *session)
 {
-    int p[2];
-    char url_env[256], fd_env[64];
-    size_t n = 0;
-    cr_assert_eq(pipe(p), 0);
-    snprintf(url_env, sizeof url_env, "%s=%s", CHILD_URL_ENV, d->url);
-    snprintf(fd_env, sizeof fd_env, "%s=%d", CHILD_FD_ENV, p[1]);
-    while (environ[n] != NULL)
-        n++;
-    char **envp = calloc(n + 3, sizeof *envp);
-    cr_assert_not_null(envp);
-    memcpy(envp, environ, n * sizeof *envp);
-    envp[n] = url_env;
-    envp[n + 1] = fd_env;
-    char *argv[] = {"test_stream_e2e_child", NULL};
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(p[0]);
-        execve("/proc/self/exe", argv, envp);
-        _exit(127);
-    }
-    free(envp);
-    close(p[1]);
-    ssize_t got = read(p[0], session, sizeof *session);
-    close(p[0]);
-    cr_assert_eq(got, (ssize_t)sizeof *session, "the child did not reach mid-step");
-    return pid;
+    return attnd_test_spawn_self("test_stream_e2e_child", CHILD_URL_ENV, CHILD_FD_ENV, d->url,
+                                 session);
 }
 
 static int log_has(const attnd_daemon_proc *d, const char *needle)

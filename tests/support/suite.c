@@ -1,6 +1,13 @@
 #include "suite.h"
 
 #include <criterion/criterion.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <unistd.h>
 
 attnd_backend *attnd_test_open_cpu(int32_t threads)
 {
@@ -48,4 +55,41 @@ void attnd_test_expect_errs(const attnd_e2e_errs *e, attnd_dtype dt, const char 
                   e->direct_lse);
     cr_expect_leq(e->ref, attnd_tol_for(dt), "%s: out vs reference %.3g", who, e->ref);
     cr_expect_leq(e->ref_lse, ATTND_E2E_REF_LSE_TOL, "%s: lse vs reference %.3g", who, e->ref_lse);
+}
+
+extern char **environ;
+
+pid_t attnd_test_spawn_self(const char *argv0, const char *url_env, const char *fd_env,
+                            const char *url, uint64_t *session)
+{
+    int p[2];
+    char url_kv[512], fd_kv[128];
+    size_t n = 0;
+    cr_assert_eq(pipe(p), 0);
+    snprintf(url_kv, sizeof url_kv, "%s=%s", url_env, url);
+    snprintf(fd_kv, sizeof fd_kv, "%s=%d", fd_env, p[1]);
+    while (environ[n] != NULL)
+        n++;
+    char **envp = calloc(n + 3, sizeof *envp); /* built before fork: the child only execs */
+    cr_assert_not_null(envp);
+    memcpy(envp, environ, n * sizeof *envp);
+    envp[n] = url_kv;
+    envp[n + 1] = fd_kv;
+    char *argv[] = {(char *)argv0, NULL};
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        execve("/proc/self/exe", argv, envp);
+        _exit(127);
+    }
+    free(envp);
+    close(p[1]);
+    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+    cr_assert_eq(poll(&pfd, 1, 10000), 1, "the child never reported");
+    cr_assert_eq(read(p[0], session, sizeof *session), (ssize_t)sizeof *session,
+                 "the child failed before reporting");
+    close(p[0]);
+    return pid;
 }

@@ -3,12 +3,20 @@
 #define ATTND_TESTS_SUITE_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "attnd/client.h"
 #include "attnd/kernels.h"
 #include "daemon_proc.h"
 #include "e2e_mirror.h"
 
+/* Fork and re-execute this test binary as a child (argv0) with url_env=url and fd_env=<the write
+ * end of a pipe> added to its environment; the child (a constructor that looks for url_env)
+ * writes a uint64_t session id into the pipe once it is where the test wants it. Returns its pid
+ * with *session set; fails the test when it does not report within 10 s. The child dies with the
+ * test (PR_SET_PDEATHSIG). */
+pid_t attnd_test_spawn_self(const char *argv0, const char *url_env, const char *fd_env,
+                            const char *url, uint64_t *session);
 /* The cpu backend with `threads` workers (0: the machine's cores). */
 attnd_backend *attnd_test_open_cpu(int32_t threads);
 /* Start the daemon of config_template (attnd_daemon_start). */
