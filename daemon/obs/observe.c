@@ -202,7 +202,8 @@ attnd_err attnd_observe_status_json(attnd_observe *obs, char *buf, size_t cap, s
     k += status_geometry(obs, k < cap ? buf + k : NULL, k < cap ? cap - k : 0);
     n = snprintf(k < cap ? buf + k : NULL, k < cap ? cap - k : 0,
                  ",\"memory\":{\"device\":\"%s\",\"bytes\":%llu},\"mps\":%s,"
-                 "\"stream_channels\":%lld,\"blocks\":{\"used\":%lld,\"free\":%lld},\"sequences\":%lld,\"sessions\":%lld,"
+                 "\"stream_channels\":%lld,\"blocks\":{\"used\":%lld,\"free\":%lld},"
+                 "\"sequences\":%lld,\"sessions\":%lld,"
                  "\"clients\":%lld,\"queue_depth\":%lld,\"inflight\":%lld,\"requests\":%llu,"
                  "\"errors\":%llu}\n",
                  obs->device_json, (unsigned long long)obs->memory_bytes,
