@@ -70,6 +70,11 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
     // fp8 decode: K fragments straight from the fp8 stage, only V converted (for ldmatrix.trans)
     static constexpr bool K_DIRECT = FP8 && DECODE;
+    // fp8 decode at head sizes <= 128 ("slim"): 3 stages and registers capped at 168 (the launch
+    // bounds of three CTAs per SM), but launched with two CTAs' share of shared memory per SM
+    // (SMEM_LAUNCH): three CTAs per SM measured slower where they move the wave boundaries
+    static constexpr bool SLIM = K_DIRECT && D_PAD <= 128;
+    static constexpr int MIN_BLOCKS = SLIM ? 3 : 1; // __launch_bounds__
 
     static constexpr int KV_BYTES = FP8 ? 1 : 2;
     static constexpr int ROW_RAW = D_PAD * KV_BYTES; // bytes of a K/V row as loaded
@@ -85,8 +90,9 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
     static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
-    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each)
-    static constexpr int NSTAGES_FIT = (113 * 1024 - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
+    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each; slim: ~74 KB)
+    static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
+    static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
     static constexpr int NSTAGES =
         DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
@@ -96,6 +102,8 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
     static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
     static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+    // what a launch asks for: slim tiles more than a third of the SM's 228 KB (two CTAs per SM)
+    static constexpr int SMEM_LAUNCH = SLIM && SMEM_BYTES < 80 * 1024 ? 80 * 1024 : SMEM_BYTES;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
     static_assert(WARPS_M == 1 || WARPS_N == 1, "warps split rows or tokens, not both");
@@ -105,6 +113,7 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static_assert(ROW16 % 128 == 0, "swizzle needs rows of >= 8 chunks");
     static_assert(NSTAGES >= 2, "pipeline depth");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    static_assert(!SLIM || SMEM_BYTES <= SM_SHARE, "slim tiles fit their share");
     static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
     static_assert(!FP8 || ROWS_PER_PASS % 2 == 0, "a loader slot keeps its row parity");
 
@@ -654,7 +663,8 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
 // ------------------------------------------------------------------ kernel
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_kargs a)
+__global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
+    attnd_paged_kernel(const attnd_paged_kargs a)
 {
     typedef typename Tr::TC TC;
     constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
