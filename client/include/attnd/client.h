@@ -301,6 +301,16 @@ ATTND_CLIENT_API attnd_err attnd_client_region_register_shm(attnd_client *c, uin
 ATTND_CLIENT_API attnd_err attnd_client_region_register_cuda(attnd_client *c, uint32_t region,
                                                              const void *ipc_handle, uint64_t size,
                                                              int32_t device);
+/* Register CUDA device memory (cudaMalloc / cuMemAlloc) by pointer as region `region`: the
+ * region spans [start of the allocation ptr lies in, ptr + nbytes), its IPC handle and device
+ * found through the CUDA driver (loaded when called: nothing CUDA needed to build against
+ * this). *base (may be NULL) receives the allocation's start: ptr sits at offset ptr - *base.
+ * The memory must outlive the registration. INVALID_ARGUMENT for a pointer that is not device
+ * memory or nbytes past the allocation, UNSUPPORTED for memory without a CUDA IPC handle
+ * (cuMemCreate, memory pools). */
+ATTND_CLIENT_API attnd_err attnd_client_region_register_cuda_ptr(attnd_client *c, uint32_t region,
+                                                                 const void *ptr, uint64_t nbytes,
+                                                                 uint64_t *base);
 ATTND_CLIENT_API attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region);
 /* A region id not yet handed out by this client (1, 2, ...); attnd_client_shm_create uses it. */
 ATTND_CLIENT_API uint32_t attnd_client_region_next_id(attnd_client *c);
