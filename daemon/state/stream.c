@@ -82,11 +82,14 @@ static void flags_unlink(attnd_stream_chan *ch)
 
 /* ---------------------------------------------------------------- open, free */
 
-/* Free a channel's memory (its stream is gone). On a device backend only while no channel's
- * stream may be waiting: cudaFree waits for the whole device (attnd_streams_tick). */
-static void chan_free_memory(attnd_streams *ss, attnd_stream_chan *ch)
+/* Destroy ch's stream (work still queued runs out on its own) and free its memory. On a device
+ * backend the frees that wait for the whole device are put off while any stream has work queued
+ * (attnd_stream_collect, from the tick), so none of them runs under a waiting stream. */
+static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
 {
     attnd_backend *be = chan_be(ss);
+    attnd_stream_destroy(be, ch->stream);
+    ch->stream = NULL;
     if (attnd_backend_is_device(be)) {
         attnd_backend_free(be, ch->qkv);
     } else if (ch->qkv != NULL) {
@@ -98,29 +101,6 @@ static void chan_free_memory(attnd_streams *ss, attnd_stream_chan *ch)
     attnd_backend_free(be, ch->index_dev);
     attnd_device_host_free(be, ch->index_host);
     free(ch);
-}
-
-/* Destroy ch's stream (work still queued runs out on its own) and free its memory: at once on
- * host backends, on device ones once no stream waits (the grave, emptied by the tick). */
-static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
-{
-    attnd_stream_destroy(chan_be(ss), ch->stream);
-    ch->stream = NULL;
-    if (!attnd_backend_is_device(chan_be(ss))) {
-        chan_free_memory(ss, ch);
-        return;
-    }
-    ch->next = ss->grave;
-    ss->grave = ch;
-}
-
-static void streams_bury(attnd_streams *ss)
-{
-    while (ss->grave) {
-        attnd_stream_chan *ch = ss->grave;
-        ss->grave = ch->next;
-        chan_free_memory(ss, ch);
-    }
 }
 
 /* Unlink ch from the channels and free it. */
@@ -479,15 +459,12 @@ uint32_t attnd_streams_poll(attnd_streams *ss, int *hot)
 
 void attnd_streams_tick(attnd_streams *ss)
 {
-    int running = 0;
     for (attnd_stream_chan *ch = ss->head, *next; ch; ch = next) {
         next = ch->next;
         if (!attnd_sx_running(&ch->sx) || chan_observe(ss, ch)) continue;
         chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_TICK, attnd_clock_ms(), &ss->t));
     }
-    for (attnd_stream_chan *ch = ss->head; ch; ch = ch->next)
-        running |= attnd_sx_running(&ch->sx);
-    if (!running) streams_bury(ss);
+    attnd_stream_collect(chan_be(ss));
 }
 
 int attnd_streams_holds_region(const attnd_streams *ss, uint64_t session, uint32_t region)
@@ -534,5 +511,5 @@ void attnd_streams_fini(attnd_streams *ss)
         ch->step = NULL;
         chan_remove(ss, ch);
     }
-    streams_bury(ss);
+    attnd_stream_collect(chan_be(ss));
 }

@@ -61,9 +61,8 @@ typedef struct attnd_streams {
     attnd_sx_timeouts t;
     attnd_stream_reply_fn reply;
     void *reply_arg;
-    attnd_stream_chan *grave; /* closed channels whose device memory waits to be freed */
-    uint32_t stuck;           /* channels quarantined since start */
-    attnd_metrics *metrics;   /* releases counted; NULL = not counted */
+    uint32_t stuck;         /* channels quarantined since start */
+    attnd_metrics *metrics; /* releases counted; NULL = not counted */
 } attnd_streams;
 
 /* max channels at once (0 = off), step_ms: a step's deadline, drain_ms: a release's. */
