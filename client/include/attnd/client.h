@@ -163,6 +163,8 @@ typedef struct attnd_status {
     uint64_t requests;
     uint64_t errors;
     double uptime_s;
+    int32_t mps; /* 1: the daemon's GPU is shared through NVIDIA MPS, 0: not, -1: unknown (a
+                    host backend, or a daemon that does not say) */
 } attnd_status;
 
 /* SequenceInfo. */

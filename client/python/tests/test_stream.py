@@ -286,3 +286,22 @@ def test_a_waiting_stream_stalls_no_other_client():
             assert np.array_equal(g, w)
         ch.close()
 
+
+def test_status_says_whether_the_daemon_runs_under_mps(daemon):
+    """The Status RPC carries what /status and the log say: MPS on or off on a GPU (the log's
+    event=mps active=), unknown (-1) on the CPU backend."""
+    import re
+
+    with attnd.Client(daemon.url) as c:
+        mps = c.status()["mps"]
+    if not CUDA:
+        assert mps == -1
+        return
+    logged = re.search(r"event=mps active=(-?\d+)", daemon.logs())
+    assert mps in (0, 1)
+    if logged is not None:
+        assert mps == int(logged.group(1))
+    else:  # below log level info only "not under MPS" (a warning) shows
+        assert mps == 1
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):  # the GPU run starts the MPS control daemon
+        assert mps == 1
