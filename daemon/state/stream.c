@@ -332,14 +332,16 @@ static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step
     return rv;
 }
 
-/* Queue layer l: wait for the worker's qkv word, reset it, cache write + attention, signal o. */
+/* Queue layer l: wait for the worker's qkv word, cache write + attention, signal o. The word is
+ * reset to 0 after the last layer (chan_arm), off the path from one layer's handoff to the next:
+ * the worker writes none of them again before its next StreamBegin, which follows this step's
+ * end. */
 static attnd_err arm_layer(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st, uint32_t l,
                            const attnd_attend_io *io)
 {
     attnd_backend *be = chan_be(ss);
     attnd_plan_layer pl = attnd_step_plan_layer(ss->steps, l, io);
     attnd_err rv = attnd_stream_wait_value(be, ch->stream, &ch->qkv[l], 1);
-    if (rv == ATTND_ERR_OK) rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[l], 0);
     if (rv == ATTND_ERR_OK && (rv = attnd_stream_select(be, ch->stream)) == ATTND_ERR_OK) {
         rv = attnd_plan_run_layer(be, &st->plan, st->index.dev, &pl, ch->ws3d);
         attnd_stream_select(be, NULL);
@@ -360,6 +362,8 @@ static attnd_err chan_arm(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *
     if (rv == ATTND_ERR_OK) rv = attnd_stream_after_backend(be, ch->stream);
     for (; l < ch->layers && rv == ATTND_ERR_OK; l++)
         rv = arm_layer(ss, ch, st, l, &io[nio == 1 ? 0 : l]);
+    for (uint32_t r = 0; r < ch->layers && rv == ATTND_ERR_OK; r++)
+        rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[r], 0);
     if (rv != ATTND_ERR_OK)
         return attnd_errf(err, en, rv, "stream %u: queueing layer %u: %s", ch->id, l ? l - 1 : 0,
                           attnd_backend_last_error(be));
