@@ -12,8 +12,9 @@ each layer handed over on the model's CUDA stream); attnd-stream-graph (the same
 step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
 on the host). The fair pairs: attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
 
---repeat N runs every impl N times, alternating (impl order rotated each round), and prints the
-medians per shape and impl.
+--repeat N runs every impl N times, alternating (impl order rotated each round), after
+--warm-rounds (1) full-size rounds that are not counted, and prints the medians per shape and
+impl. The allocator is never emptied, so no impl pays for another's cudaMalloc calls.
 
     python3 bench/bench_hf.py --url ipc:///tmp/attnd.sock --shape 32x2048 --shape 16x1024
 """
@@ -27,7 +28,11 @@ import time
 from typing import Any
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
+import torch.nn.functional as F
+from transformers import (AttentionInterface, AttentionMaskInterface, DynamicCache, LlamaConfig,
+                          LlamaForCausalLM, StaticCache)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 import attnd
 import attnd.transformers as at
@@ -54,19 +59,45 @@ def run_sdpa(model: Any, ids: torch.Tensor, new: int) -> dict[str, float]:
             logits = model(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         t2 = sync_time()
     del cache
-    torch.cuda.empty_cache()
     return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * new / (t2 - t1)}
+
+
+SDPA_FOLD = "sdpa_gqa_fold"
+
+
+def sdpa_gqa_fold(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                  scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA, except a decode step (one query token) over grouped K/V heads: with
+    a mask (a static cache always has one) transformers copies K/V to every q head (repeat_kv,
+    the whole cache per layer per step). Here each kv head's q heads become query rows of one
+    SDPA call (q [B, Hkv, group, D] against K/V [B, Hkv, S, D], the mask broadcast over the
+    rows), so no copy is made and the fused kernels take it."""
+    b, hq, t, d = query.shape
+    hk = key.shape[1]
+    if t != 1 or hq == hk:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    q = query.reshape(b, hk, hq // hk, d)  # q head kv * group + i -> row i of kv head kv
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous(), None
+
+
+def register_sdpa_fold() -> None:
+    AttentionInterface.register(SDPA_FOLD, sdpa_gqa_fold)
+    AttentionMaskInterface.register(SDPA_FOLD, sdpa_mask)
 
 
 def run_sdpa_static(model: Any, ids: torch.Tensor, new: int,
                     graph: bool = False) -> dict[str, float]:
-    """SDPA over a StaticCache of prompt + new + 1 tokens (what generate() sizes it to); with
-    graph, the decode forward is captured once (after one eager decode step, which also warms
-    it up) and replayed for the remaining steps: the cache's length is a device tensor
-    (StaticLayer.cumulative_length), so each replay writes the next position."""
-    model.config._attn_implementation = "sdpa"
+    """SDPA (sdpa_gqa_fold: decode without repeat_kv) over a StaticCache of prompt + new + 1
+    tokens, rounded up to 64 (aligned rows for the mask); with graph, the decode forward is
+    captured once (after one eager decode step, which also warms it up) and replayed for the
+    remaining steps: the cache's length is a device tensor (StaticLayer.cumulative_length), so
+    each replay writes the next position."""
+    model.config._attn_implementation = SDPA_FOLD
     b, p = ids.shape
-    cache = StaticCache(config=model.config, max_cache_len=p + new + 1)
+    cache = StaticCache(config=model.config, max_cache_len=(p + new + 1 + 63) // 64 * 64)
     tok = torch.empty((b, 1), dtype=torch.long, device=ids.device)
 
     def forward() -> torch.Tensor:
@@ -91,7 +122,6 @@ def run_sdpa_static(model: Any, ids: torch.Tensor, new: int,
                 logits = forward()
         t2 = sync_time()
     del cache
-    torch.cuda.empty_cache()
     return {"prefill_s": t1 - t0, "decode_tok_s": b * steps / (t2 - t_dec)}
 
 
@@ -142,7 +172,7 @@ class GraphDecode:
         self.keep = torch.arange(b, device=dev)
         ws = gen._workspace_for(b, dtype, dev)
         ws.reset()
-        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), dict(gen.expect), ws,
+        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), gen._checked, ws,
                               channel=self.ch)
         self.bufs = self.fw.carve(b, dtype)
         self.pairs = [(s.seq_id, 1) for s in seqs]
@@ -150,7 +180,7 @@ class GraphDecode:
 
     def forward(self) -> torch.Tensor:
         self.fw.attended.clear()
-        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen.expect,
+        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen._checked,
                           reset=False, fw=self.fw):
             return self.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
                               logits_to_keep=self.keep).logits[0]
@@ -160,9 +190,12 @@ class GraphDecode:
         st = self.ch.begin(self.pairs, *self.bufs)
         self.fw.stream_step = st
         try:
-            return self.forward()
-        finally:
-            self.ch.end(st)
+            logits = self.forward()
+        except BaseException:  # abort: a commit would wait for layers never handed over
+            self.ch.end(st, abort=True)
+            raise
+        self.ch.end(st)
+        return logits
 
     def capture(self) -> None:
         self.fw.stream_step = attnd.StreamStep(0, len(self.pairs), (), *self.bufs)
@@ -252,11 +285,14 @@ def main() -> int:
     ap.add_argument("--shape", action="append", default=[])
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--warm-rounds", type=int, default=1,
+                    help="full-size rounds first, not counted (kernels, allocator, clocks)")
     ap.add_argument("--json")
     ap.add_argument("--label", default="")
     ap.add_argument("--impl", action="append", choices=IMPLS)
     a = ap.parse_args()
     at.register()
+    register_sdpa_fold()
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -269,19 +305,18 @@ def main() -> int:
         for shape in a.shape or ["32x2048", "16x1024"]:
             b, p = (int(x) for x in shape.split("x"))
             ids = torch.randint(1, LLAMA3_8B["vocab_size"], (b, p), device="cuda")
-            for rep in range(a.repeat):
-                k = rep % len(impls)  # rotate the order so no impl always runs first
+            for rnd in range(a.warm_rounds + a.repeat):
+                rep = rnd - a.warm_rounds  # < 0: a warm-up round
+                k = rnd % len(impls)  # rotate the order so no impl always runs first
                 for impl in impls[k:] + impls[:k]:
                     try:
-                        if rep == 0:
-                            run(impl, model, c, ids[:2, :64], 3)  # warm-up (kernels, allocator)
                         r = run(impl, model, c, ids, a.new)
                     except Exception as e:  # noqa: BLE001  one impl failing ends not the bench
                         r = {"error": f"{type(e).__name__}: {e}"}
                     rows.append({"shape": shape, "impl": impl, "label": a.label, "repeat": rep,
                                  **r})
                     print(json.dumps(rows[-1]), flush=True)
-    summary = medians(rows)
+    summary = medians([r for r in rows if r["repeat"] >= 0])
     for m in summary:
         print("median", json.dumps(m), flush=True)
     if a.json:
