@@ -16,13 +16,14 @@ typedef struct sym {
     }
 
 static const sym syms[] = {
-    SYM(ctx_get_current, "cuCtxGetCurrent"), SYM(ctx_get_device, "cuCtxGetDevice"),
-    SYM(mem_alloc, "cuMemAlloc_v2"),         SYM(mem_free, "cuMemFree_v2"),
-    SYM(memset_d32, "cuMemsetD32_v2"),       SYM(ipc_get, "cuIpcGetMemHandle"),
-    SYM(ipc_open, "cuIpcOpenMemHandle_v2"),  SYM(ipc_close, "cuIpcCloseMemHandle"),
-    SYM(wait32, "cuStreamWaitValue32_v2"),   SYM(write32, "cuStreamWriteValue32_v2"),
-    SYM(stream_create, "cuStreamCreate"),    SYM(stream_destroy, "cuStreamDestroy_v2"),
-    SYM(stream_sync, "cuStreamSynchronize"), SYM(error_string, "cuGetErrorString"),
+    SYM(ctx_get_current, "cuCtxGetCurrent"),   SYM(ctx_get_device, "cuCtxGetDevice"),
+    SYM(mem_alloc, "cuMemAlloc_v2"),           SYM(mem_free, "cuMemFree_v2"),
+    SYM(memset_d32, "cuMemsetD32_v2"),         SYM(memset_d32_async, "cuMemsetD32Async"),
+    SYM(ipc_get, "cuIpcGetMemHandle"),         SYM(ipc_open, "cuIpcOpenMemHandle_v2"),
+    SYM(ipc_close, "cuIpcCloseMemHandle"),     SYM(wait32, "cuStreamWaitValue32_v2"),
+    SYM(write32, "cuStreamWriteValue32_v2"),   SYM(stream_create, "cuStreamCreate"),
+    SYM(stream_destroy, "cuStreamDestroy_v2"), SYM(stream_sync, "cuStreamSynchronize"),
+    SYM(error_string, "cuGetErrorString"),
 };
 
 attnd_err attnd_cu_load(attnd_cu_driver *d, char *err, size_t n)
