@@ -11,8 +11,9 @@
 #      with the decode step captured in a CUDA graph) vs attnd (Attend), attnd over a stream
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
 #      alternated repeats, medians.
-# STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd at stage
-# time, OVERHEAD_RUNS="attnd attnd-before attnd attnd-before" alternates the two in step 3.
+# STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
+# BEFORE_CLIENT=its libattnd-client.so) at stage time, OVERHEAD_RUNS="attnd attnd-before attnd
+# attnd-before" alternates the two in step 3 (the worker on the matching client library).
 #
 # Here (the build machine):
 #   nice cmake -S . -B build-cuda -DATTND_CUDA=ON -DATTND_TESTS=OFF \
@@ -34,6 +35,7 @@ stage() {
   mkdir -p "$tmp/s/python" "$tmp/s/wheels"
   cp "$build/daemon/attnd" "$tmp/s/attnd"
   [ -n "${BEFORE:-}" ] && cp "$BEFORE" "$tmp/s/attnd-before"
+  [ -n "${BEFORE_CLIENT:-}" ] && cp -L "$BEFORE_CLIENT" "$tmp/s/python/attnd/libattnd-client-before.so"
   cp -r "$root/client/python/attnd" "$root/client/python/tests" "$tmp/s/python/"
   cp -L "$build/client/libattnd-client.so" "$tmp/s/python/attnd/libattnd-client.so"
   cp "$root/bench/bench_hf.py" "$root/bench/stream_gpu.py" "$tmp/s/"
@@ -116,7 +118,9 @@ step_3() {  # OVERHEAD_RUNS: the daemons, in order (attnd-before: the one staged
   for bin in $runs; do
     k=$((k + 1))
     start_daemon "$out/attnd_stream.json" "$out/attnd_overhead.log" "$dir/$bin" || return 1
-    timeout 60 python3 -X faulthandler "$dir/stream_gpu.py" overhead --url "ipc://$sock" \
+    local lib=$dir/python/attnd/libattnd-client.so
+    [ "$bin" = attnd-before ] && [ -f "${lib%.so}-before.so" ] && lib=${lib%.so}-before.so
+    ATTND_CLIENT_LIB=$lib timeout 60 python3 -X faulthandler "$dir/stream_gpu.py" overhead --url "ipc://$sock" \
       --reps "${OVERHEAD_REPS:-20}" --json "$out/stream_overhead_${k}_$bin.json" >/dev/null
     echo "$bin rc=$?"
     python3 - "$out/stream_overhead_${k}_$bin.json" <<'PY'
