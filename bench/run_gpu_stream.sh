@@ -35,9 +35,9 @@ stage() {
   mkdir -p "$tmp/s/python" "$tmp/s/wheels"
   cp "$build/daemon/attnd" "$tmp/s/attnd"
   [ -n "${BEFORE:-}" ] && cp "$BEFORE" "$tmp/s/attnd-before"
-  [ -n "${BEFORE_CLIENT:-}" ] && cp -L "$BEFORE_CLIENT" "$tmp/s/python/attnd/libattnd-client-before.so"
   cp -r "$root/client/python/attnd" "$root/client/python/tests" "$tmp/s/python/"
   cp -L "$build/client/libattnd-client.so" "$tmp/s/python/attnd/libattnd-client.so"
+  [ -n "${BEFORE_CLIENT:-}" ] && cp -L "$BEFORE_CLIENT" "$tmp/s/python/attnd/libattnd-client-before.so"
   cp "$root/bench/bench_hf.py" "$root/bench/stream_gpu.py" "$tmp/s/"
   /work/shared/tools/bundle-libs "$tmp/s/devlib" "$tmp/s/attnd" "$tmp/s/python/attnd/libattnd-client.so"
   strip "$tmp/s"/attnd*
