@@ -80,7 +80,8 @@ void attnd_cuda_free_later(attnd_backend *b, attnd_cuda_free_kind kind, void *pt
 /* Run the deferred frees when no session stream is busy (force: regardless, at close); returns
  * how many are still deferred. */
 uint32_t attnd_cuda_collect(attnd_backend *b, int force);
-/* At close: the deferred frees, then what is left of the session streams. */
+/* At close: the deferred frees (dropped, not run, while a stream is still busy: one that never
+ * drained would make them wait forever), then what is left of the session streams. */
 void attnd_cuda_streams_close(attnd_backend *b);
 #ifdef __cplusplus
 }

@@ -220,7 +220,15 @@ extern "C" attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag,
 extern "C" void attnd_cuda_streams_close(attnd_backend *b)
 {
     attnd_cuda *c = attnd_cuda_of(b);
-    attnd_cuda_collect(b, 1);
+    // a stream that never drained (quarantined) would hold a device-wide free forever: the
+    // process is ending, so leave that memory to the driver's teardown
+    if (attnd_cuda_collect(b, 0) != 0)
+        while (c->deferred != NULL) {
+            attnd_cuda_deferred *d = c->deferred;
+            c->deferred = d->next;
+            free(d);
+        }
+    c->ndeferred = 0;
     while (c->streams != NULL) {
         attnd_stream *s = c->streams;
         if (!s->retired) cudaStreamDestroy(s->stream);
