@@ -86,10 +86,10 @@ extern "C" void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s)
     if (c->stream == s->stream) c->stream = c->home;
     cudaSetDevice(c->device);
     // work still queued finishes on its own; until it has, frees stay deferred
-    int busy = cudaStreamQuery(s->stream) == cudaErrorNotReady;
-    cudaGetLastError();
-    busy = busy && cudaEventRecord(s->after, s->stream) == cudaSuccess;
-    cudaGetLastError();
+    cudaError_t e = cudaStreamQuery(s->stream);
+    int busy = e == cudaErrorNotReady;
+    if (busy && (e = cudaEventRecord(s->after, s->stream)) != cudaSuccess) busy = 0;
+    if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError(); // not for the next launch
     cudaStreamDestroy(s->stream);
     s->stream = NULL;
     s->retired = 1;
@@ -104,7 +104,7 @@ static int streams_busy(attnd_cuda *c)
     for (attnd_stream *s = c->streams, *next; s != NULL; s = next) {
         next = s->next;
         cudaError_t e = s->retired ? cudaEventQuery(s->after) : cudaStreamQuery(s->stream);
-        if (e != cudaErrorNotReady) cudaGetLastError();
+        if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
         if (e == cudaErrorNotReady)
             busy = 1;
         else if (s->retired)
@@ -115,13 +115,10 @@ static int streams_busy(attnd_cuda *c)
 
 static void free_now(attnd_cuda_free_kind kind, void *ptr)
 {
-    if (kind == ATTND_CUDA_FREE_DEVICE)
-        cudaFree(ptr);
-    else if (kind == ATTND_CUDA_FREE_HOST)
-        cudaFreeHost(ptr);
-    else
-        cudaIpcCloseMemHandle(ptr);
-    cudaGetLastError();
+    cudaError_t e = kind == ATTND_CUDA_FREE_DEVICE ? cudaFree(ptr)
+                    : kind == ATTND_CUDA_FREE_HOST ? cudaFreeHost(ptr)
+                                                   : cudaIpcCloseMemHandle(ptr);
+    if (e != cudaSuccess) cudaGetLastError(); // a free that failed leaves nothing to report
 }
 
 extern "C" uint32_t attnd_cuda_collect(attnd_backend *b, int force)
