@@ -16,14 +16,23 @@ typedef struct sym {
     }
 
 static const sym syms[] = {
-    SYM(ctx_get_current, "cuCtxGetCurrent"),   SYM(ctx_get_device, "cuCtxGetDevice"),
-    SYM(mem_alloc, "cuMemAlloc_v2"),           SYM(mem_free, "cuMemFree_v2"),
-    SYM(memset_d32, "cuMemsetD32_v2"),         SYM(ipc_get, "cuIpcGetMemHandle"),
-    SYM(ipc_open, "cuIpcOpenMemHandle_v2"),    SYM(ipc_close, "cuIpcCloseMemHandle"),
-    SYM(wait32, "cuStreamWaitValue32_v2"),     SYM(write32, "cuStreamWriteValue32_v2"),
-    SYM(stream_create, "cuStreamCreate"),      SYM(stream_destroy, "cuStreamDestroy_v2"),
-    SYM(stream_sync, "cuStreamSynchronize"),   SYM(error_string, "cuGetErrorString"),
-    SYM(mem_range, "cuMemGetAddressRange_v2"), SYM(pointer_attr, "cuPointerGetAttribute"),
+    SYM(ctx_get_current, "cuCtxGetCurrent"),
+    SYM(ctx_get_device, "cuCtxGetDevice"),
+    SYM(mem_alloc, "cuMemAlloc_v2"),
+    SYM(mem_free, "cuMemFree_v2"),
+    SYM(memset_d32, "cuMemsetD32_v2"),
+    SYM(memset_d32_async, "cuMemsetD32Async"),
+    SYM(ipc_get, "cuIpcGetMemHandle"),
+    SYM(ipc_open, "cuIpcOpenMemHandle_v2"),
+    SYM(ipc_close, "cuIpcCloseMemHandle"),
+    SYM(wait32, "cuStreamWaitValue32_v2"),
+    SYM(write32, "cuStreamWriteValue32_v2"),
+    SYM(stream_create, "cuStreamCreate"),
+    SYM(stream_destroy, "cuStreamDestroy_v2"),
+    SYM(stream_sync, "cuStreamSynchronize"),
+    SYM(error_string, "cuGetErrorString"),
+    SYM(mem_range, "cuMemGetAddressRange_v2"),
+    SYM(pointer_attr, "cuPointerGetAttribute"),
 };
 
 attnd_err attnd_cu_load(attnd_cu_driver *d, char *err, size_t n)

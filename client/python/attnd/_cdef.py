@@ -98,6 +98,7 @@ typedef struct attnd_status {
     uint64_t requests;
     uint64_t errors;
     double uptime_s;
+    int32_t mps;
 } attnd_status;
 
 typedef struct attnd_seq_info {
