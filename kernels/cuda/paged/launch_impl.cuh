@@ -3,6 +3,7 @@
 #define ATTND_CUDA_PAGED_LAUNCH_IMPL_CUH
 
 #include <limits.h>
+#include <string.h>
 
 #include "paged/launch.h"
 #include "paged/mainloop_sm80.cuh"
@@ -60,15 +61,27 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
     a.section = (int32_t)(z < 1 ? 1 : (z > S * H ? S * H : z));
     if (l.sm90_off & ATTND_SM90_NO_SECTIONS) a.section = (int32_t)(S * H);
     const int grid = (int)(total < l.num_sms ? total : l.num_sms);
-    attnd_paged_sm90_kernel<Tr>
-        <<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(a, *l.tk, *l.tv, (int)total, l.sm90_off);
+    attnd_sm90_src src;
+    memset(&src, 0, sizeof src);
+    if (Tr::MODE != ATTND_SRC_PAGED) {
+        if (l.src == NULL) return cudaErrorInvalidConfiguration;
+        src = *l.src;
+    }
+    attnd_paged_sm90_kernel<Tr><<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(
+        a, *l.tk, *l.tv, (int)total, l.sm90_off, src);
     return cudaGetLastError();
 }
 
 template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
+    if constexpr (CORE == ATTND_CORE_SM90_VARLEN) {
+        return attnd_paged_run_sm90<
+            attnd_paged_sm90_traits<D_PAD, KV, true, false, ATTND_SRC_CONTIG>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM90_SPARSE) {
+        return attnd_paged_run_sm90<
+            attnd_paged_sm90_traits<D_PAD, KV, false, false, ATTND_SRC_SPARSE>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, true, true>>(a, l);
     } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
         if constexpr (D_PAD == 128)
