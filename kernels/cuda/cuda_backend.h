@@ -7,6 +7,14 @@
 
 #include "attnd/kernels.h"
 
+/* Kernels whose dynamic shared-memory limit this backend raised (cudaFuncSetAttribute applies
+ * to the current device, the backend's): raised once, then looked up. */
+#define ATTND_CUDA_SMEM_OPTIN_MAX 64
+typedef struct attnd_smem_optin {
+    const void *fn[ATTND_CUDA_SMEM_OPTIN_MAX];
+    int n;
+} attnd_smem_optin;
+
 typedef struct attnd_cuda {
     int device;
     cudaStream_t stream;    /* where ops launch: home, or the selected stream (stream.cu) */
@@ -23,6 +31,7 @@ typedef struct attnd_cuda {
     int sm90_off;               /* tests and benches: ATTND_SM90_NO_* features of the sm90 core
                                    turned off (0, the default: all on) */
     struct attnd_fence *fences; /* released fences, for reuse (device.cu) */
+    attnd_smem_optin optin;     /* kernels opted into more shared memory (paged/launch_impl.cuh) */
 } attnd_cuda;
 
 /* A fence is a timing-free CUDA event; released ones wait in attnd_cuda.fences. */

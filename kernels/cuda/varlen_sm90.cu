@@ -133,6 +133,7 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     l.sm90_off = c->sm90_off;
     l.l2_bytes = c->l2_bytes;
     l.src = &src;
+    l.optin = &c->optin;
     const int64_t d = a.p.q.shape[2];
     const int di = d <= 64 ? 0 : (d <= 128 ? 1 : 2), kv = a.p.q.dtype == ATTND_DTYPE_BF16;
     cudaError_t e = kCore[sparse][di][kv](a, l);

@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "cuda_backend.h"
 #include "paged/args.h"
 #include "paged/src_sm90.h"
 
@@ -40,6 +41,7 @@ typedef struct attnd_paged_launch {
     int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
     int max_seq_len;
     const attnd_sm90_src *src; // sm90 varlen / sparse: where K/V come from
+    attnd_smem_optin *optin;   // the backend's record of raised shared-memory limits
 } attnd_paged_launch;
 
 // Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.

@@ -554,6 +554,13 @@ template <class Tr> struct attnd_sm90_consumer {
         if (lane == 0) attnd_mbar_arrive(bar);
     }
 
+    // Sparse: K stage st released once every lane of the warp has read its key info.
+    __device__ __forceinline__ void release_k_info(int st) const
+    {
+        __syncwarp();
+        release(sm.empty_k(st));
+    }
+
     // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
     __device__ __forceinline__ void rows_of(const attnd_sm90_tile &w, attnd_sm90_rows &r) const
     {
@@ -715,7 +722,7 @@ template <class Tr> struct attnd_sm90_consumer {
         attnd_fence_regs(s);
         if (!Tr::SPARSE) release(sm.empty_k(st)); // sparse: softmax reads the key info
         softmax(w, r, jhi, st, s, acc);
-        if (Tr::SPARSE) release(sm.empty_k(st));
+        if (Tr::SPARSE) release_k_info(st);
         nk++;
         to_p(s, pf);
         return jhi;
@@ -745,7 +752,7 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_fence_regs(s);
             if (!Tr::SPARSE) release(sm.empty_k(sk));
             softmax(w, r, j, sk, s, acc);
-            if (Tr::SPARSE) release(sm.empty_k(sk));
+            if (Tr::SPARSE) release_k_info(sk);
             nk++;
             attnd_wgmma_wait<0>();
             fence_o(acc);
