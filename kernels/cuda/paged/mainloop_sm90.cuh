@@ -277,6 +277,7 @@ template <class Tr> struct attnd_sm90_producer {
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_k(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
+        if (Tr::SPARSE && lane != 0) attnd_mbar_arrive(sm.full_k(st)); // each after its key info
         if (present) issue(tk, sm.k(st), sm.full_k(st), w.kv_src, pid);
     }
 
@@ -554,11 +555,14 @@ template <class Tr> struct attnd_sm90_consumer {
         if (lane == 0) attnd_mbar_arrive(bar);
     }
 
-    // Sparse: K stage st released once every lane of the warp has read its key info.
-    __device__ __forceinline__ void release_k_info(int st) const
+    // K stage st released. Sparse: by every lane (the barrier counts 8 x 32), each after its own
+    // reads of the stage's key info.
+    __device__ __forceinline__ void release_k(int st) const
     {
-        __syncwarp();
-        release(sm.empty_k(st));
+        if (Tr::SPARSE)
+            attnd_mbar_arrive(sm.empty_k(st));
+        else
+            release(sm.empty_k(st));
     }
 
     // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
@@ -712,7 +716,7 @@ template <class Tr> struct attnd_sm90_consumer {
         attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
         const int jhi = Tr::SPARSE ? sm.kinfo(st)[Tr::BLOCK_N] - 1 : w.jhi;
         if (jhi < w.jlo) {
-            release(sm.empty_k(st));
+            release_k(st);
             nk++;
             return -1;
         }
@@ -720,9 +724,9 @@ template <class Tr> struct attnd_sm90_consumer {
         gemm_qk(s, st, qb);
         attnd_wgmma_wait<0>();
         attnd_fence_regs(s);
-        if (!Tr::SPARSE) release(sm.empty_k(st)); // sparse: softmax reads the key info
+        if (!Tr::SPARSE) release_k(st); // sparse: softmax reads the key info
         softmax(w, r, jhi, st, s, acc);
-        if (Tr::SPARSE) release_k_info(st);
+        if (Tr::SPARSE) release_k(st);
         nk++;
         to_p(s, pf);
         return jhi;
@@ -750,9 +754,9 @@ template <class Tr> struct attnd_sm90_consumer {
             first_pv = false;
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
-            if (!Tr::SPARSE) release(sm.empty_k(sk));
+            if (!Tr::SPARSE) release_k(sk);
             softmax(w, r, j, sk, s, acc);
-            if (Tr::SPARSE) release_k_info(sk);
+            if (Tr::SPARSE) release_k(sk);
             nk++;
             attnd_wgmma_wait<0>();
             fence_o(acc);
@@ -875,8 +879,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (int st = 0; st < Tr::KSTAGES; st++) {
-            attnd_mbar_init(sm.full_k(st), 1);
-            attnd_mbar_init(sm.empty_k(st), 8);
+            attnd_mbar_init(sm.full_k(st), Tr::SPARSE ? 32 : 1); // sparse: every producer lane
+            attnd_mbar_init(sm.empty_k(st), Tr::SPARSE ? 256 : 8);
         }
         for (int st = 0; st < Tr::NSTAGES; st++) {
             attnd_mbar_init(sm.full_v(st), 1);
