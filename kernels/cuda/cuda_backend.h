@@ -7,6 +7,14 @@
 
 #include "attnd/kernels.h"
 
+/* Kernels whose dynamic shared-memory limit this backend raised (cudaFuncSetAttribute applies
+ * to the current device, the backend's): raised once, then looked up. */
+#define ATTND_CUDA_SMEM_OPTIN_MAX 64
+typedef struct attnd_smem_optin {
+    const void *fn[ATTND_CUDA_SMEM_OPTIN_MAX];
+    int n;
+} attnd_smem_optin;
+
 typedef struct attnd_cuda {
     int device;
     cudaStream_t stream;    /* where ops launch: home, or the selected stream (stream.cu) */
@@ -26,6 +34,7 @@ typedef struct attnd_cuda {
     struct attnd_stream *streams; /* stream.cu: session streams, live or retired */
     struct attnd_cuda_deferred *deferred; /* stream.cu: frees put off while a stream was busy */
     uint32_t ndeferred;
+    attnd_smem_optin optin; /* kernels opted into more shared memory (paged/launch_impl.cuh) */
 } attnd_cuda;
 
 /* What a deferred free releases (stream.cu): cudaFree, cudaFreeHost, cudaIpcCloseMemHandle. */
