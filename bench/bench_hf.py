@@ -4,10 +4,17 @@ layers, 32 q / 8 kv heads, head 128) generating greedily with attention through 
 daemon at --url, CUDA IPC) and with transformers' SDPA, in one process: prefill time, decode
 tokens/s and the time spent in Attend, for each --shape BATCHxPROMPT, --new tokens each.
 
-impls (--impl, default all): sdpa; attnd (Client.attend: a host round trip per layer);
-attnd-stream (a stream channel: each layer handed over on the model's CUDA stream);
-attnd-stream-graph (the same, with the decode step's forward captured once in a CUDA graph and
-replayed each step, only StreamBegin / StreamEnd on the host).
+impls (--impl, default all): sdpa (transformers' loop with a DynamicCache, which concatenates
+every layer's K/V each step); sdpa-static (a StaticCache sized to prompt + new tokens, eager);
+sdpa-static-graph (the same, with the decode forward captured once in a CUDA graph and replayed
+each step); attnd (Client.attend: a host round trip per layer); attnd-stream (a stream channel:
+each layer handed over on the model's CUDA stream); attnd-stream-graph (the same, with the decode
+step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
+on the host). The fair pairs: attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
+
+--repeat N runs every impl N times, alternating (impl order rotated each round), after
+--warm-rounds (1) full-size rounds that are not counted, and prints the medians per shape and
+impl. The allocator is never emptied, so no impl pays for another's cudaMalloc calls.
 
     python3 bench/bench_hf.py --url ipc:///tmp/attnd.sock --shape 32x2048 --shape 16x1024
 """
@@ -16,11 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+import torch.nn.functional as F
+from transformers import (AttentionInterface, AttentionMaskInterface, DynamicCache, LlamaConfig,
+                          LlamaForCausalLM, StaticCache)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 import attnd
 import attnd.transformers as at
@@ -47,8 +59,70 @@ def run_sdpa(model: Any, ids: torch.Tensor, new: int) -> dict[str, float]:
             logits = model(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         t2 = sync_time()
     del cache
-    torch.cuda.empty_cache()
     return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * new / (t2 - t1)}
+
+
+SDPA_FOLD = "sdpa_gqa_fold"
+
+
+def sdpa_gqa_fold(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                  scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA, except a decode step (one query token) over grouped K/V heads: with
+    a mask (a static cache always has one) transformers copies K/V to every q head (repeat_kv,
+    the whole cache per layer per step). Here each kv head's q heads become query rows of one
+    SDPA call (q [B, Hkv, group, D] against K/V [B, Hkv, S, D], the mask broadcast over the
+    rows), so no copy is made and the fused kernels take it."""
+    b, hq, t, d = query.shape
+    hk = key.shape[1]
+    if t != 1 or hq == hk:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    q = query.reshape(b, hk, hq // hk, d)  # q head kv * group + i -> row i of kv head kv
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous(), None
+
+
+def register_sdpa_fold() -> None:
+    AttentionInterface.register(SDPA_FOLD, sdpa_gqa_fold)
+    AttentionMaskInterface.register(SDPA_FOLD, sdpa_mask)
+
+
+def run_sdpa_static(model: Any, ids: torch.Tensor, new: int,
+                    graph: bool = False) -> dict[str, float]:
+    """SDPA (sdpa_gqa_fold: decode without repeat_kv) over a StaticCache of prompt + new + 1
+    tokens, rounded up to 64 (aligned rows for the mask); with graph, the decode forward is
+    captured once (after one eager decode step, which also warms it up) and replayed for the
+    remaining steps: the cache's length is a device tensor (StaticLayer.cumulative_length), so
+    each replay writes the next position."""
+    model.config._attn_implementation = SDPA_FOLD
+    b, p = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=(p + new + 1 + 63) // 64 * 64)
+    tok = torch.empty((b, 1), dtype=torch.long, device=ids.device)
+
+    def forward() -> torch.Tensor:
+        return model(tok, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+
+    with torch.inference_mode():
+        t0 = sync_time()
+        logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        t1 = t_dec = sync_time()
+        steps = new
+        for k in range(new):
+            tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+            if graph and k == 1:  # step 0 ran eagerly: capture, then replay from step 1 on
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    static = forward()
+                t_dec, steps = sync_time(), new - 1  # timed from the first replayed step
+            if graph and k >= 1:
+                g.replay()
+                logits = static
+            else:
+                logits = forward()
+        t2 = sync_time()
+    del cache
+    return {"prefill_s": t1 - t0, "decode_tok_s": b * steps / (t2 - t_dec)}
 
 
 class AttendTimer:
@@ -98,7 +172,7 @@ class GraphDecode:
         self.keep = torch.arange(b, device=dev)
         ws = gen._workspace_for(b, dtype, dev)
         ws.reset()
-        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), dict(gen.expect), ws,
+        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), gen._checked, ws,
                               channel=self.ch)
         self.bufs = self.fw.carve(b, dtype)
         self.pairs = [(s.seq_id, 1) for s in seqs]
@@ -106,7 +180,7 @@ class GraphDecode:
 
     def forward(self) -> torch.Tensor:
         self.fw.attended.clear()
-        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen.expect,
+        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen._checked,
                           reset=False, fw=self.fw):
             return self.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
                               logits_to_keep=self.keep).logits[0]
@@ -116,9 +190,12 @@ class GraphDecode:
         st = self.ch.begin(self.pairs, *self.bufs)
         self.fw.stream_step = st
         try:
-            return self.forward()
-        finally:
-            self.ch.end(st)
+            logits = self.forward()
+        except BaseException:  # abort: a commit would wait for layers never handed over
+            self.ch.end(st, abort=True)
+            raise
+        self.ch.end(st)
+        return logits
 
     def capture(self) -> None:
         self.fw.stream_step = attnd.StreamStep(0, len(self.pairs), (), *self.bufs)
@@ -161,15 +238,45 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
     return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * (new - 1) / (t3 - t2)}
 
 
-IMPLS = ("sdpa", "attnd", "attnd-stream", "attnd-stream-graph")
+IMPLS = ("sdpa", "sdpa-static", "sdpa-static-graph", "attnd", "attnd-stream",
+         "attnd-stream-graph")
 
 
 def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> dict[str, float]:
     if impl == "sdpa":
         return run_sdpa(model, ids, new)
+    if impl.startswith("sdpa-static"):
+        return run_sdpa_static(model, ids, new, graph=impl == "sdpa-static-graph")
     if impl == "attnd-stream-graph":
         return run_attnd_graph(model, c, ids, new)
     return run_attnd(model, c, ids, new, stream=impl == "attnd-stream")
+
+
+PAIRS = (("attnd-stream", "sdpa-static"), ("attnd-stream-graph", "sdpa-static-graph"),
+         ("attnd", "sdpa"))
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per shape and impl: the median of every repeat's prefill and decode, and the decode and
+    prefill ratios of each fair pair (PAIRS) from those medians."""
+    out: list[dict[str, Any]] = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        med: dict[str, dict[str, Any]] = {}
+        for impl in dict.fromkeys(r["impl"] for r in rows if r["shape"] == shape):
+            ok = [r for r in rows if r["shape"] == shape and r["impl"] == impl and "error" not in r]
+            if not ok:
+                continue
+            med[impl] = {"shape": shape, "impl": impl, "median_of": len(ok),
+                         "prefill_s": statistics.median(r["prefill_s"] for r in ok),
+                         "decode_tok_s": statistics.median(r["decode_tok_s"] for r in ok),
+                         "decode_runs": [round(r["decode_tok_s"], 1) for r in ok]}
+        for mine, base in PAIRS:
+            if mine in med and base in med:
+                med[mine][f"decode_vs_{base}"] = (med[mine]["decode_tok_s"]
+                                                  / med[base]["decode_tok_s"])
+                med[mine][f"prefill_vs_{base}"] = med[base]["prefill_s"] / med[mine]["prefill_s"]
+        out.extend(med.values())
+    return out
 
 
 def main() -> int:
@@ -177,33 +284,44 @@ def main() -> int:
     ap.add_argument("--url", required=True)
     ap.add_argument("--shape", action="append", default=[])
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--warm-rounds", type=int, default=1,
+                    help="full-size rounds first, not counted (kernels, allocator, clocks)")
     ap.add_argument("--json")
     ap.add_argument("--label", default="")
     ap.add_argument("--impl", action="append", choices=IMPLS)
     a = ap.parse_args()
     at.register()
+    register_sdpa_fold()
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         model = LlamaForCausalLM(LlamaConfig(**LLAMA3_8B)).eval()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    impls = a.impl or list(IMPLS)
     with attnd.Client(a.url) as c:
         print(f"attnd {c.info['version']} ({c.backend}), spin_us {c.spin_us}, "
               f"channel {c.channel_active} {a.label}")
         for shape in a.shape or ["32x2048", "16x1024"]:
             b, p = (int(x) for x in shape.split("x"))
             ids = torch.randint(1, LLAMA3_8B["vocab_size"], (b, p), device="cuda")
-            for impl in a.impl or IMPLS:
-                try:
-                    run(impl, model, c, ids[:2, :64], 3)  # warm-up (kernels, allocator)
-                    r = run(impl, model, c, ids, a.new)
-                except Exception as e:  # noqa: BLE001  one impl failing does not end the bench
-                    r = {"error": f"{type(e).__name__}: {e}"}
-                rows.append({"shape": shape, "impl": impl, "label": a.label, **r})
-                print(json.dumps(rows[-1]), flush=True)
+            for rnd in range(a.warm_rounds + a.repeat):
+                rep = rnd - a.warm_rounds  # < 0: a warm-up round
+                k = rnd % len(impls)  # rotate the order so no impl always runs first
+                for impl in impls[k:] + impls[:k]:
+                    try:
+                        r = run(impl, model, c, ids, a.new)
+                    except Exception as e:  # noqa: BLE001  one impl failing ends not the bench
+                        r = {"error": f"{type(e).__name__}: {e}"}
+                    rows.append({"shape": shape, "impl": impl, "label": a.label, "repeat": rep,
+                                 **r})
+                    print(json.dumps(rows[-1]), flush=True)
+    summary = medians([r for r in rows if r["repeat"] >= 0])
+    for m in summary:
+        print("median", json.dumps(m), flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"runs": rows, "medians": summary}, f, indent=1)
     return 0
 
 

@@ -4,7 +4,8 @@
  * with L2 cleared before every call (as triton.testing.do_bench does), median reported.
  * Inputs are random (never zeros). One line per case, same format as anchors_ops.py.
  *
- * usage: bench_ops [merge|varlen|blocksparse|linear]...   (default: all) */
+ * usage: bench_ops [merge|varlen|blocksparse|linear|sm80]...   (default: all; sm80: the words
+ * after it run varlen / block-sparse on the mma.sync kernel, labelled attnd-sm80) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ int main(void)
 static attnd_backend *gpu;
 static cudaStream_t stream;
 static void *flush_buf;
+static const char *who = "attnd"; /* the label of attnd's lines */
 static const size_t flush_bytes = (size_t)256 << 20;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
@@ -274,7 +276,7 @@ static void bench_varlen(void)
         p.out_scale = 1.0f;
         double ms = time_op(varlen_fn, &p);
         double flops = 4.0 * (double)(B * HQ * d) * (double)(L * L) / 2;
-        printf("case=varlen attnd b=%lld L=%lld d=%lld %s causal | ms=%.4g | TFLOPs=%.4g\n",
+        printf("case=varlen %s b=%lld L=%lld d=%lld %s causal | ms=%.4g | TFLOPs=%.4g\n", who,
                (long long)B, (long long)L, (long long)d, cases[i].name, ms, flops / ms / 1e9);
         dev_free(&p.q);
         dev_free(&p.k);
@@ -365,9 +367,9 @@ static void bench_blocksparse(void)
         double density = listed / ((double)HQ * (double)(nrows * (nrows + 1)) / 2);
         double ms = time_op(bs_fn, &p);
         double flops = 4.0 * (double)(B * HQ * D) * (double)(L * L) / 2;
-        printf("case=blocksparse attnd prefill b=%lld L=%lld bf16 density=%.3f | ms=%.4g | "
+        printf("case=blocksparse %s prefill b=%lld L=%lld bf16 density=%.3f | ms=%.4g | "
                "TFLOPs=%.4g\n",
-               (long long)B, (long long)L, density, ms, flops * density / ms / 1e9);
+               who, (long long)B, (long long)L, density, ms, flops * density / ms / 1e9);
         bs_free(&p);
     }
     { /* decode: 64 sequences x 4096 context */
@@ -491,6 +493,10 @@ int main(int argc, char **argv)
     int all = argc < 2;
     for (int i = 0; i < (all ? 1 : argc - 1); i++) {
         const char *w = all ? NULL : argv[i + 1];
+        if (!all && strcmp(w, "sm80") == 0) {
+            attnd_cuda_of(gpu)->paged_core = 80;
+            who = "attnd-sm80";
+        }
         if (all || strcmp(w, "merge") == 0) bench_merge();
         if (all || strcmp(w, "varlen") == 0) bench_varlen();
         if (all || strcmp(w, "blocksparse") == 0) bench_blocksparse();

@@ -67,6 +67,7 @@
     XX(attnd_status, requests)                                                                     \
     XX(attnd_status, errors)                                                                       \
     XX(attnd_status, uptime_s)                                                                     \
+    XX(attnd_status, mps)                                                                          \
     XX(attnd_seq_info, seq_id)                                                                     \
     XX(attnd_seq_info, num_tokens)                                                                 \
     XX(attnd_seq_info, num_blocks)                                                                 \

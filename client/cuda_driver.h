@@ -1,6 +1,6 @@
-/* The few CUDA driver calls a stream channel needs in the worker (flag words in device memory,
- * CUDA IPC, stream memory operations), loaded from libcuda.so.1 when a channel opens, so that the
- * library needs no CUDA at build or link time. The driver's C ABI is declared here (its types
+/* The few CUDA driver calls the worker side needs (flag words in device memory, CUDA IPC,
+ * stream memory operations, a pointer's allocation), loaded from libcuda.so.1 when used, so that
+ * the library needs no CUDA at build or link time. The driver's C ABI is declared here (its types
  * are plain integers and pointers). Knows nothing of the client. */
 #ifndef ATTND_CLIENT_CUDA_DRIVER_H
 #define ATTND_CLIENT_CUDA_DRIVER_H
@@ -26,6 +26,7 @@ typedef struct attnd_cu_driver {
     attnd_cu_result (*mem_alloc)(attnd_cu_devptr *, size_t);
     attnd_cu_result (*mem_free)(attnd_cu_devptr);
     attnd_cu_result (*memset_d32)(attnd_cu_devptr, unsigned int, size_t);
+    attnd_cu_result (*memset_d32_async)(attnd_cu_devptr, unsigned int, size_t, attnd_cu_stream);
     attnd_cu_result (*ipc_get)(attnd_cu_ipc_handle *, attnd_cu_devptr);
     attnd_cu_result (*ipc_open)(attnd_cu_devptr *, attnd_cu_ipc_handle, unsigned int);
     attnd_cu_result (*ipc_close)(attnd_cu_devptr);
@@ -35,11 +36,15 @@ typedef struct attnd_cu_driver {
     attnd_cu_result (*stream_destroy)(attnd_cu_stream);
     attnd_cu_result (*stream_sync)(attnd_cu_stream);
     attnd_cu_result (*error_string)(attnd_cu_result, const char **);
+    attnd_cu_result (*mem_range)(attnd_cu_devptr *, size_t *, attnd_cu_devptr);
+    attnd_cu_result (*pointer_attr)(void *, int, attnd_cu_devptr);
 } attnd_cu_driver;
 
 #define ATTND_CU_STREAM_NON_BLOCKING 0x1u
 #define ATTND_CU_WAIT_VALUE_EQ 0x1u
 #define ATTND_CU_IPC_LAZY_PEER_ACCESS 0x1u
+#define ATTND_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define ATTND_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 10
 
 /* dlopen libcuda.so.1 and find every call: UNAVAILABLE (no driver) with err saying which. */
 attnd_err attnd_cu_load(attnd_cu_driver *d, char *err, size_t n);

@@ -1,8 +1,10 @@
 /* Regions: register / unregister, and shm objects made and registered as regions
  * (attnd_client_shm_create / destroy). */
+#include <stdint.h>
 #include <string.h>
 
 #include "client_int.h"
+#include "cuda_driver.h"
 #include "shm.h"
 
 #define ATTND_CUDA_IPC_HANDLE_BYTES 64
@@ -45,6 +47,54 @@ attnd_err attnd_client_region_register_cuda(attnd_client *c, uint32_t region,
     rr.size = size;
     rr.device = device;
     return register_region(c, &rr);
+}
+
+/* The allocation p lies in: its IPC handle, base, size and device. */
+static attnd_err cuda_allocation(const attnd_cu_driver *d, attnd_cu_devptr p,
+                                 attnd_cu_ipc_handle *h, attnd_cu_devptr *base, size_t *size,
+                                 int *dev, char *err, size_t n)
+{
+    int ipc = 0;
+    if (d->pointer_attr(dev, ATTND_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) != 0)
+        return attnd_errf(err, n, ATTND_ERR_INVALID_ARGUMENT,
+                          "ptr 0x%llx is not CUDA device memory", (unsigned long long)p);
+    if (d->pointer_attr(&ipc, ATTND_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) != 0 ||
+        !ipc)
+        return attnd_errf(err, n, ATTND_ERR_UNSUPPORTED,
+                          "the allocation of ptr 0x%llx has no CUDA IPC handle (cuMemCreate or "
+                          "memory-pool memory, e.g. PyTorch's expandable_segments or its "
+                          "cudaMallocAsync backend): allocate it with cudaMalloc",
+                          (unsigned long long)p);
+    attnd_err rv = attnd_cu_check(d, d->mem_range(base, size, p), "cuMemGetAddressRange", err, n);
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cu_check(d, d->ipc_get(h, *base), "cuIpcGetMemHandle", err, n);
+    return rv;
+}
+
+attnd_err attnd_client_region_register_cuda_ptr(attnd_client *c, uint32_t region, const void *ptr,
+                                                uint64_t nbytes, uint64_t *base)
+{
+    char err[256];
+    attnd_cu_driver d;
+    attnd_cu_ipc_handle h;
+    attnd_cu_devptr b = 0, p = (attnd_cu_devptr)(uintptr_t)ptr;
+    size_t n = 0;
+    int dev = 0;
+    attnd_err rv = attnd_cu_load(&d, err, sizeof err);
+    if (rv == ATTND_ERR_OK) {
+        rv = cuda_allocation(&d, p, &h, &b, &n, &dev, err, sizeof err);
+        attnd_cu_unload(&d);
+    }
+    if (rv != ATTND_ERR_OK) return attnd_client_fail(c, rv, "register_region: %s", err);
+    if (nbytes > n - (p - b))
+        return attnd_client_fail(c, ATTND_ERR_INVALID_ARGUMENT,
+                                 "register_region: nbytes %llu past the end of the allocation "
+                                 "(%llu bytes from ptr)",
+                                 (unsigned long long)nbytes, (unsigned long long)(n - (p - b)));
+    if ((rv = attnd_client_region_register_cuda(c, region, &h, p - b + nbytes, dev)) != ATTND_ERR_OK)
+        return rv;
+    if (base != NULL) *base = b;
+    return ATTND_ERR_OK;
 }
 
 attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region)

@@ -265,6 +265,7 @@ attnd_err attnd_client_status(attnd_client *c, attnd_status *st)
     st->requests = s->requests;
     st->errors = s->errors;
     st->uptime_s = s->uptime_s;
+    st->mps = s->mps == ATTND__MPS_STATE__MPS_ON ? 1 : s->mps == ATTND__MPS_STATE__MPS_OFF ? 0 : -1;
     attnd__reply__free_unpacked(rep, NULL);
     return rv;
 }

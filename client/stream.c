@@ -327,8 +327,15 @@ attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer, voi
         __atomic_store_n(&s->qkv_host[layer], 1u, __ATOMIC_RELEASE);
         return ATTND_ERR_OK;
     }
-    rv = attnd_cu_check(&s->cu, s->cu.write32(stream, s->qkv_dev + 4u * layer, 1, 0),
-                        "cuStreamWriteValue32", err, sizeof err);
+    /* a step's first signal resets every o word (one operation, off the per-layer path): the
+     * daemon writes none before this signal, and the last step's writes are all done (its
+     * StreamEnd answered) */
+    if (layer == 0)
+        rv = attnd_cu_check(&s->cu, s->cu.memset_d32_async(s->o_dev, 0, s->layers, stream),
+                            "cuMemsetD32Async", err, sizeof err);
+    if (rv == ATTND_ERR_OK)
+        rv = attnd_cu_check(&s->cu, s->cu.write32(stream, s->qkv_dev + 4u * layer, 1, 0),
+                            "cuStreamWriteValue32", err, sizeof err);
     return rv == ATTND_ERR_OK ? rv : attnd_client_fail(s->c, rv, "stream_signal: %s", err);
 }
 
@@ -359,9 +366,6 @@ attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer, void 
     attnd_cu_devptr w = s->o_dev + 4u * layer;
     rv = attnd_cu_check(&s->cu, s->cu.wait32(stream, w, 1, ATTND_CU_WAIT_VALUE_EQ),
                         "cuStreamWaitValue32", err, sizeof err);
-    if (rv == ATTND_ERR_OK)
-        rv = attnd_cu_check(&s->cu, s->cu.write32(stream, w, 0, 0), "cuStreamWriteValue32", err,
-                            sizeof err);
     return rv == ATTND_ERR_OK ? rv : attnd_client_fail(s->c, rv, "stream_wait: %s", err);
 }
 

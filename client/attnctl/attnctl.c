@@ -145,6 +145,7 @@ static int cmd_status(attnctl *ctl, int argc, char **argv)
     printf("sessions:     %u, sequences %u\n", st.num_sessions, st.num_sequences);
     printf("requests:     %llu, errors %llu\n", (unsigned long long)st.requests,
            (unsigned long long)st.errors);
+    printf("mps:          %s\n", st.mps == 1 ? "on" : st.mps == 0 ? "off" : "unknown");
     return ATTNCTL_OK;
 }
 

@@ -179,6 +179,8 @@ static attnd_err req_status(attnd_serve *sv, const attnd_req_ctx *c, attnd_reply
     st->num_sessions = sv->sessions.count;
     attnd_serve_counts(sv, &st->requests, &st->errors);
     st->uptime_s = (double)(attnd_clock_ms() - sv->start_ms) / 1000.0;
+    st->mps = sv->mps < 0 ? ATTND__MPS_STATE__MPS_UNKNOWN
+                          : (sv->mps ? ATTND__MPS_STATE__MPS_ON : ATTND__MPS_STATE__MPS_OFF);
     r->reply.body_case = ATTND__REPLY__BODY_STATUS;
     r->reply.status = st;
     return ATTND_ERR_OK;

@@ -21,6 +21,7 @@ attnd_err attnd_serve_alloc(attnd_serve **out, const attnd_config *cfg, attnd_ba
     sv->limits = cfg->limits;
     memcpy(sv->token, cfg->server.token, sizeof sv->token);
     sv->start_ms = attnd_clock_ms();
+    sv->mps = -1;
     attnd_sessions_init(&sv->sessions);
     if ((rv = attnd_model_init(&sv->model, cfg, err, n)) == ATTND_ERR_OK &&
         (rv = attnd_model_check_backend(&sv->model, be, err, n)) == ATTND_ERR_OK) {
@@ -70,6 +71,7 @@ static void serve_report_mps(attnd_serve *sv, attnd_observe *obs)
     int mps = -1;
     if (!attnd_backend_is_device(sv->be)) return;
     if (attnd_device_mps(sv->be, &mps) != ATTND_ERR_OK) mps = -1;
+    sv->mps = mps;
     attnd_observe_set_mps(obs, mps);
     if (mps == 1) {
         ATTND_LOG(sv->log, ATTND_LOG_INFO, "event=mps active=1 device=\"%s\"", sv->dm->device_name);

@@ -41,6 +41,7 @@ typedef struct attnd_serve {
     attnd_cfg_limits limits;         /* live */
     char token[ATTND_CFG_TOKEN_MAX]; /* live */
     uint64_t start_ms;
+    int mps; /* 1: the device is shared through NVIDIA MPS, 0: not, -1: unknown (host backend) */
     attnd_metrics *metrics;     /* kernel time and bytes by kind; NULL = not counted */
     attnd_ratelimit *log_limit; /* repeated request errors logged at this rate; NULL = all */
     /* NULL = none: the wire whose reply counts Status reports (attnd_serve_attach); the SIGBUS

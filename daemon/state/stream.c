@@ -82,11 +82,14 @@ static void flags_unlink(attnd_stream_chan *ch)
 
 /* ---------------------------------------------------------------- open, free */
 
-/* Free a channel's memory (its stream is gone). On a device backend only while no channel's
- * stream may be waiting: cudaFree waits for the whole device (attnd_streams_tick). */
-static void chan_free_memory(attnd_streams *ss, attnd_stream_chan *ch)
+/* Destroy ch's stream (work still queued runs out on its own) and free its memory. On a device
+ * backend the frees that wait for the whole device are put off while any stream has work queued
+ * (attnd_stream_collect, from the tick), so none of them runs under a waiting stream. */
+static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
 {
     attnd_backend *be = chan_be(ss);
+    attnd_stream_destroy(be, ch->stream);
+    ch->stream = NULL;
     if (attnd_backend_is_device(be)) {
         attnd_backend_free(be, ch->qkv);
     } else if (ch->qkv != NULL) {
@@ -98,29 +101,6 @@ static void chan_free_memory(attnd_streams *ss, attnd_stream_chan *ch)
     attnd_backend_free(be, ch->index_dev);
     attnd_device_host_free(be, ch->index_host);
     free(ch);
-}
-
-/* Destroy ch's stream (work still queued runs out on its own) and free its memory: at once on
- * host backends, on device ones once no stream waits (the grave, emptied by the tick). */
-static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
-{
-    attnd_stream_destroy(chan_be(ss), ch->stream);
-    ch->stream = NULL;
-    if (!attnd_backend_is_device(chan_be(ss))) {
-        chan_free_memory(ss, ch);
-        return;
-    }
-    ch->next = ss->grave;
-    ss->grave = ch;
-}
-
-static void streams_bury(attnd_streams *ss)
-{
-    while (ss->grave) {
-        attnd_stream_chan *ch = ss->grave;
-        ss->grave = ch->next;
-        chan_free_memory(ss, ch);
-    }
 }
 
 /* Unlink ch from the channels and free it. */
@@ -352,14 +332,16 @@ static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step
     return rv;
 }
 
-/* Queue layer l: wait for the worker's qkv word, reset it, cache write + attention, signal o. */
+/* Queue layer l: wait for the worker's qkv word, cache write + attention, signal o. The word is
+ * reset to 0 after the last layer (chan_arm), off the path from one layer's handoff to the next:
+ * the worker writes none of them again before its next StreamBegin, which follows this step's
+ * end. */
 static attnd_err arm_layer(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st, uint32_t l,
                            const attnd_attend_io *io)
 {
     attnd_backend *be = chan_be(ss);
     attnd_plan_layer pl = attnd_step_plan_layer(ss->steps, l, io);
     attnd_err rv = attnd_stream_wait_value(be, ch->stream, &ch->qkv[l], 1);
-    if (rv == ATTND_ERR_OK) rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[l], 0);
     if (rv == ATTND_ERR_OK && (rv = attnd_stream_select(be, ch->stream)) == ATTND_ERR_OK) {
         rv = attnd_plan_run_layer(be, &st->plan, st->index.dev, &pl, ch->ws3d);
         attnd_stream_select(be, NULL);
@@ -380,6 +362,8 @@ static attnd_err chan_arm(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *
     if (rv == ATTND_ERR_OK) rv = attnd_stream_after_backend(be, ch->stream);
     for (; l < ch->layers && rv == ATTND_ERR_OK; l++)
         rv = arm_layer(ss, ch, st, l, &io[nio == 1 ? 0 : l]);
+    for (uint32_t r = 0; r < ch->layers && rv == ATTND_ERR_OK; r++)
+        rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[r], 0);
     if (rv != ATTND_ERR_OK)
         return attnd_errf(err, en, rv, "stream %u: queueing layer %u: %s", ch->id, l ? l - 1 : 0,
                           attnd_backend_last_error(be));
@@ -479,15 +463,12 @@ uint32_t attnd_streams_poll(attnd_streams *ss, int *hot)
 
 void attnd_streams_tick(attnd_streams *ss)
 {
-    int running = 0;
     for (attnd_stream_chan *ch = ss->head, *next; ch; ch = next) {
         next = ch->next;
         if (!attnd_sx_running(&ch->sx) || chan_observe(ss, ch)) continue;
         chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_TICK, attnd_clock_ms(), &ss->t));
     }
-    for (attnd_stream_chan *ch = ss->head; ch; ch = ch->next)
-        running |= attnd_sx_running(&ch->sx);
-    if (!running) streams_bury(ss);
+    attnd_stream_collect(chan_be(ss));
 }
 
 int attnd_streams_holds_region(const attnd_streams *ss, uint64_t session, uint32_t region)
@@ -534,5 +515,5 @@ void attnd_streams_fini(attnd_streams *ss)
         ch->step = NULL;
         chan_remove(ss, ch);
     }
-    streams_bury(ss);
+    attnd_stream_collect(chan_be(ss));
 }

@@ -6,10 +6,10 @@
  * share neither), and at most one open step.
  *
  * BeginStep on a channel plans the step (state/step.h) and queues every layer on the channel's
- * stream: wait qkv[l] == 1, write qkv[l] = 0, the cache write and the attention, write o[l] = 1;
- * then returns. EndStep answers once the stream ran them (now, or later through the reply
- * callback). Deadlines and releases are the state machine's; the executor's poller and the
- * housekeeping tick feed it. Executor thread only. */
+ * stream: wait qkv[l] == 1, the cache write and the attention, write o[l] = 1; after the last
+ * layer every qkv[l] = 0; then returns. EndStep answers once the stream ran them (now, or later
+ * through the reply callback). Deadlines and releases are the state machine's; the executor's
+ * poller and the housekeeping tick feed it. Executor thread only. */
 #ifndef ATTND_STATE_STREAM_H
 #define ATTND_STATE_STREAM_H
 
@@ -61,9 +61,8 @@ typedef struct attnd_streams {
     attnd_sx_timeouts t;
     attnd_stream_reply_fn reply;
     void *reply_arg;
-    attnd_stream_chan *grave; /* closed channels whose device memory waits to be freed */
-    uint32_t stuck;           /* channels quarantined since start */
-    attnd_metrics *metrics;   /* releases counted; NULL = not counted */
+    uint32_t stuck;         /* channels quarantined since start */
+    attnd_metrics *metrics; /* releases counted; NULL = not counted */
 } attnd_streams;
 
 /* max channels at once (0 = off), step_ms: a step's deadline, drain_ms: a release's. */

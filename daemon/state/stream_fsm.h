@@ -4,10 +4,12 @@
  * The protocol (DESIGN.md "Same-GPU sharing"; issue 16). Per layer two 32-bit flag words, each
  * owned by the side that waits on it, so that side can always release itself:
  *   qkv[l]  daemon memory (exported to the worker by CUDA IPC / shm): the worker's stream writes
- *           1 once layer l's Q/K/V are in place; the daemon's stream waits for 1, writes 0 back,
- *           runs the cache write and the attention;
+ *           1 once layer l's Q/K/V are in place; the daemon's stream waits for 1 and runs the
+ *           cache write and the attention, and writes every qkv word back to 0 after the
+ *           step's last layer (off the per-layer path);
  *   o[l]    worker memory (a registered region): the daemon's stream writes 1 after layer l's
- *           output; the worker's stream waits for 1 and writes 0 back before using it.
+ *           output; the worker's stream waits for 1 before using it (and writes every o word
+ *           back to 0 before its next step's first signal).
  * Fixed values (set 1 / wait-equal 1 / reset 0) on both sides, so a worker's captured CUDA graph
  * replays the same operations every step; a step's layers are queued on the daemon's stream at
  * BeginStep, its EndStep answers once that stream ran them.

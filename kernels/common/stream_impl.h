@@ -18,6 +18,7 @@ attnd_err attnd_cuda_stream_value(attnd_backend *b, attnd_stream *s, int write, 
 attnd_err attnd_cuda_stream_after_backend(attnd_backend *b, attnd_stream *s);
 attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag, uint32_t value);
 attnd_err attnd_cuda_stream_query(attnd_backend *b, attnd_stream *s);
+uint32_t attnd_cuda_collect(attnd_backend *b, int force);
 #endif
 
 #ifdef __cplusplus

@@ -70,6 +70,7 @@ static void cuda_close(attnd_backend *b)
     cudaSetDevice(c->device);
     c->stream = c->home;
     cudaStreamSynchronize(c->stream);
+    attnd_cuda_streams_close(b);
     cudaStreamDestroy(c->stream);
     if (c->release != NULL) cudaStreamDestroy(c->release);
     while (c->fences != NULL) {
@@ -96,8 +97,7 @@ static attnd_err cuda_alloc(attnd_backend *b, size_t bytes, void **ptr)
 
 static void cuda_free(attnd_backend *b, void *ptr)
 {
-    cudaSetDevice(attnd_cuda_of(b)->device);
-    cudaFree(ptr);
+    if (ptr != NULL) attnd_cuda_free_later(b, ATTND_CUDA_FREE_DEVICE, ptr);
 }
 
 static attnd_err cuda_memcpy(attnd_backend *b, void *dst, const void *src, size_t bytes,

@@ -2,7 +2,9 @@
 // to the host to build its tile list on every call):
 // - max_seqlen_q == 1 (a decode batch): the memory-bound decode kernel (blocksparse_kernel.cuh),
 //   one CTA per (q head, sequence);
-// - otherwise the FA2 kernel of varlen_kernel.cuh over the listed key blocks of each CTA's layout
+// - otherwise, on an sm_90 device, the sm90 core (varlen_sm90.cu: per work tile of one q head the
+//   key blocks its layout rows list, gathered into one virtual key sequence);
+// - else the FA2 kernel of varlen_kernel.cuh over the listed key blocks of each CTA's layout
 //   row, grid (query tiles of max_seqlen_q, q heads, sequences): each CTA finds its sequence, its
 //   rows and its layout row on the device and exits when it has no rows, so prefill and mixed
 //   batches take the same launch.
@@ -11,6 +13,7 @@
 #include "cuda_backend.h"
 #include "ops_util.h"
 #include "blocksparse_kernel.cuh"
+#include "varlen_sm90.h"
 
 extern "C" attnd_err attnd_cuda_fa_common(attnd_backend *b, attnd_fa_kparams *k,
                                           const attnd_tensor *q, const attnd_tensor *kt,
@@ -68,6 +71,9 @@ extern "C" attnd_err attnd_cuda_blocksparse(attnd_backend *b, const attnd_blocks
             attnd_bs_decode_kernel<1><<<dgrid, ATTND_BSD_THREADS, 0, st>>>(k);
         return attnd_cuda_check_launch(b, "attnd_bs_decode_kernel");
     }
+    int ran;
+    rv = attnd_blocksparse_sm90(b, p, &ran);
+    if (rv != ATTND_ERR_OK || ran) return rv;
     const int big = k.d > 128;
     if (p->q.dtype == ATTND_DTYPE_F16)
         return big ? bs_launch<256, 0>(b, k, grid) : bs_launch<128, 0>(b, k, grid);

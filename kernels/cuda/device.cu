@@ -62,8 +62,8 @@ static attnd_err device_range(attnd_backend *b, void *ptr, uint64_t *bytes)
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     CUdeviceptr base = 0;
     size_t size = 0;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                     cudaEnableDefault, &q);
+    cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q);
     if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == NULL) {
         cudaGetLastError();
         snprintf(b->last_error, sizeof b->last_error,
@@ -94,6 +94,7 @@ extern "C" attnd_err attnd_device_ipc_open(attnd_backend *b, const void *handle,
     static_assert(sizeof h == ATTND_IPC_HANDLE_BYTES, "cudaIpcMemHandle_t size");
     memcpy(&h, handle, sizeof h);
     if ((rv = attnd_cuda_check(b, cudaSetDevice(c->device), "cudaSetDevice"))) return rv;
+    attnd_cuda_collect(b, 0); /* a close of this very mapping may still be deferred */
     cudaError_t e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
         cudaGetLastError(); // not sticky: clear it so the next launch does not report it
@@ -112,7 +113,7 @@ extern "C" attnd_err attnd_device_ipc_open(attnd_backend *b, const void *handle,
         }
     }
     if (rv != ATTND_ERR_OK) {
-        cudaIpcCloseMemHandle(*ptr);
+        attnd_cuda_free_later(b, ATTND_CUDA_FREE_IPC, *ptr);
         *ptr = NULL;
         *bytes = 0;
     }
@@ -123,8 +124,7 @@ extern "C" void attnd_device_ipc_close(attnd_backend *b, void *ptr)
 {
     attnd_cuda *c;
     if (ptr == NULL || device_cuda(b, &c) != ATTND_ERR_OK) return;
-    cudaSetDevice(c->device);
-    cudaIpcCloseMemHandle(ptr);
+    attnd_cuda_free_later(b, ATTND_CUDA_FREE_IPC, ptr);
 }
 
 extern "C" attnd_err attnd_device_host_alloc(attnd_backend *b, size_t bytes, void **ptr)
@@ -145,11 +145,11 @@ extern "C" attnd_err attnd_device_host_alloc(attnd_backend *b, size_t bytes, voi
 extern "C" void attnd_device_host_free(attnd_backend *b, void *ptr)
 {
     attnd_cuda *c;
-    if (ptr != NULL && device_cuda(b, &c) == ATTND_ERR_OK) cudaFreeHost(ptr);
+    if (ptr != NULL && device_cuda(b, &c) == ATTND_ERR_OK)
+        attnd_cuda_free_later(b, ATTND_CUDA_FREE_HOST, ptr);
 }
 
-extern "C" attnd_err attnd_device_upload(attnd_backend *b, void *dst, const void *src,
-                                         size_t bytes)
+extern "C" attnd_err attnd_device_upload(attnd_backend *b, void *dst, const void *src, size_t bytes)
 {
     attnd_cuda *c;
     attnd_err rv = device_cuda(b, &c);

@@ -9,7 +9,16 @@
 
 struct attnd_stream {
     cudaStream_t stream;
-    cudaEvent_t after; // attnd_stream_after_backend: recorded on the backend's stream
+    cudaEvent_t after;         // attnd_stream_after_backend: recorded on the backend's stream; once
+                               // retired, on the stream itself, marking the end of its work
+    int retired;               // destroyed with work still queued: kept until `after` completes
+    struct attnd_stream *next; // attnd_cuda.streams
+};
+
+struct attnd_cuda_deferred {
+    attnd_cuda_free_kind kind;
+    void *ptr;
+    struct attnd_cuda_deferred *next;
 };
 
 typedef CUresult (*value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -55,8 +64,20 @@ extern "C" attnd_err attnd_cuda_stream_create(attnd_backend *b, attnd_stream **o
         free(s);
         return rv;
     }
+    s->next = c->streams;
+    c->streams = s;
     *out = s;
     return ATTND_ERR_OK;
+}
+
+static void stream_unlink_free(attnd_cuda *c, attnd_stream *s)
+{
+    attnd_stream **pp = &c->streams;
+    while (*pp != NULL && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp != NULL) *pp = s->next;
+    cudaEventDestroy(s->after);
+    free(s);
 }
 
 extern "C" void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s)
@@ -64,9 +85,76 @@ extern "C" void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s)
     attnd_cuda *c = attnd_cuda_of(b);
     if (c->stream == s->stream) c->stream = c->home;
     cudaSetDevice(c->device);
-    cudaStreamDestroy(s->stream); // work still queued finishes on its own
-    cudaEventDestroy(s->after);
-    free(s);
+    // work still queued finishes on its own; until it has, frees stay deferred
+    cudaError_t e = cudaStreamQuery(s->stream);
+    int busy = e == cudaErrorNotReady;
+    if (busy && (e = cudaEventRecord(s->after, s->stream)) != cudaSuccess) busy = 0;
+    if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError(); // not for the next launch
+    cudaStreamDestroy(s->stream);
+    s->stream = NULL;
+    s->retired = 1;
+    if (!busy) stream_unlink_free(c, s);
+}
+
+/* 1 while a session stream (live, or retired with work left) has work queued; retired ones
+ * whose work ended are freed on the way. */
+static int streams_busy(attnd_cuda *c)
+{
+    int busy = 0;
+    for (attnd_stream *s = c->streams, *next; s != NULL; s = next) {
+        next = s->next;
+        cudaError_t e = s->retired ? cudaEventQuery(s->after) : cudaStreamQuery(s->stream);
+        if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
+        if (e == cudaErrorNotReady)
+            busy = 1;
+        else if (s->retired)
+            stream_unlink_free(c, s);
+    }
+    return busy;
+}
+
+static void free_now(attnd_cuda_free_kind kind, void *ptr)
+{
+    cudaError_t e = kind == ATTND_CUDA_FREE_DEVICE ? cudaFree(ptr)
+                    : kind == ATTND_CUDA_FREE_HOST ? cudaFreeHost(ptr)
+                                                   : cudaIpcCloseMemHandle(ptr);
+    if (e != cudaSuccess) cudaGetLastError(); // a free that failed leaves nothing to report
+}
+
+extern "C" uint32_t attnd_cuda_collect(attnd_backend *b, int force)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    if (c->deferred == NULL || (!force && streams_busy(c))) return c->ndeferred;
+    cudaSetDevice(c->device);
+    while (c->deferred != NULL) {
+        attnd_cuda_deferred *d = c->deferred;
+        c->deferred = d->next;
+        free_now(d->kind, d->ptr);
+        free(d);
+    }
+    c->ndeferred = 0;
+    return 0;
+}
+
+extern "C" void attnd_cuda_free_later(attnd_backend *b, attnd_cuda_free_kind kind, void *ptr)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    attnd_cuda_deferred *d = NULL;
+    cudaSetDevice(c->device);
+    if (c->streams == NULL || !streams_busy(c)) {
+        attnd_cuda_collect(b, 1);
+        free_now(kind, ptr);
+        return;
+    }
+    if ((d = (attnd_cuda_deferred *)malloc(sizeof *d)) == NULL) {
+        free_now(kind, ptr); // no memory to remember it: free it and risk the wait
+        return;
+    }
+    d->kind = kind;
+    d->ptr = ptr;
+    d->next = c->deferred;
+    c->deferred = d;
+    c->ndeferred++;
 }
 
 extern "C" attnd_err attnd_cuda_stream_select(attnd_backend *b, attnd_stream *s)
@@ -124,6 +212,25 @@ extern "C" attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag,
                         ((value32_fn)c->write32)((CUstream)c->release, (CUdeviceptr)(uintptr_t)flag,
                                                  value, CU_STREAM_WRITE_VALUE_DEFAULT),
                         "cuStreamWriteValue32 (release)");
+}
+
+extern "C" void attnd_cuda_streams_close(attnd_backend *b)
+{
+    attnd_cuda *c = attnd_cuda_of(b);
+    // a stream that never drained (quarantined) would hold a device-wide free forever: the
+    // process is ending, so leave that memory to the driver's teardown
+    if (attnd_cuda_collect(b, 0) != 0)
+        while (c->deferred != NULL) {
+            attnd_cuda_deferred *d = c->deferred;
+            c->deferred = d->next;
+            free(d);
+        }
+    c->ndeferred = 0;
+    while (c->streams != NULL) {
+        attnd_stream *s = c->streams;
+        if (!s->retired) cudaStreamDestroy(s->stream);
+        stream_unlink_free(c, s);
+    }
 }
 
 extern "C" attnd_err attnd_cuda_stream_query(attnd_backend *b, attnd_stream *s)

@@ -1,11 +1,13 @@
-// varlen attention on the GPU: one launch of the FA2 kernel (varlen_kernel.cuh) over
-// (query tiles of max_seqlen_q, q heads, sequences); tiles past a sequence's length exit at once,
-// so nothing is read back to the host and nothing is allocated.
+// varlen attention on the GPU, one launch, nothing read back to the host, nothing allocated: on
+// an sm_90 device with 16-bit inputs and no bias the sm90 core (varlen_sm90.cu); otherwise the
+// FA2 kernel (varlen_kernel.cuh) over (query tiles of max_seqlen_q, q heads, sequences), tiles
+// past a sequence's length exiting at once.
 #include <string.h>
 
 #include "cuda_backend.h"
 #include "ops_util.h"
 #include "varlen_kernel.cuh"
+#include "varlen_sm90.h"
 
 template <int D_PAD, int KIND>
 static attnd_err varlen_launch(attnd_backend *b, const attnd_fa_kparams &k, dim3 grid)
@@ -87,6 +89,9 @@ extern "C" attnd_err attnd_cuda_varlen(attnd_backend *b, const attnd_varlen_para
     }
     const int64_t batch = p->cu_seqlens_q.shape[0] - 1;
     if (batch <= 0 || p->max_seqlen_q <= 0 || p->q.shape[1] == 0) return ATTND_ERR_OK;
+    int ran;
+    rv = attnd_varlen_sm90(b, p, &ran);
+    if (rv != ATTND_ERR_OK || ran) return rv;
     dim3 grid((unsigned)((p->max_seqlen_q + ATTND_FA_BM - 1) / ATTND_FA_BM),
               (unsigned)p->q.shape[1], (unsigned)batch);
     const int big = k.d > 128;

@@ -111,6 +111,7 @@ class Basics(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("layers:       all 2: window 0, softcap 0, scale 0.176777, no ALiBi, no sinks",
                       r.stdout)
+        self.assertIn("mps:          unknown\n", r.stdout)  # the CPU backend has no GPU to share
 
     def test_version(self) -> None:
         for flag in ("--version", "-V"):

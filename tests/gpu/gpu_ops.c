@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../kernels/cuda/cuda_backend.h"
 #include "attnd/kernels.h"
 #include "testutil.h"
 
@@ -707,6 +708,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL);
     const char *only = NULL, *backend = "cuda";
+    int core = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
@@ -716,10 +718,13 @@ int main(int argc, char **argv)
             seed = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--core") == 0 && i + 1 < argc)
+            core = atoi(argv[++i]); /* 80: varlen / block-sparse on the mma.sync kernel */
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
             backend = argv[++i]; /* "cpu": check the harness itself (both sides the oracle) */
         else {
-            fprintf(stderr, "usage: gpu_ops [--quick] [--seed N] [--verbose] [--only OP]\n");
+            fprintf(stderr,
+                    "usage: gpu_ops [--quick] [--seed N] [--verbose] [--only OP] [--core 80]\n");
             return 2;
         }
     }
@@ -731,6 +736,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (attnd_backend_open(&cpu, "cpu", NULL) != ATTND_ERR_OK) return 2;
+    if (core && strcmp(backend, "cuda") == 0) attnd_cuda_of(gpu)->paged_core = core;
     if (only == NULL || strcmp(only, "merge") == 0) test_merge();
     if (only == NULL || strcmp(only, "varlen") == 0) test_varlen();
     if (only == NULL || strcmp(only, "blocksparse") == 0) test_blocksparse();

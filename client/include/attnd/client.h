@@ -163,6 +163,8 @@ typedef struct attnd_status {
     uint64_t requests;
     uint64_t errors;
     double uptime_s;
+    int32_t mps; /* 1: the daemon's GPU is shared through NVIDIA MPS, 0: not, -1: unknown (a
+                    host backend, or a daemon that does not say) */
 } attnd_status;
 
 /* SequenceInfo. */
@@ -301,6 +303,16 @@ ATTND_CLIENT_API attnd_err attnd_client_region_register_shm(attnd_client *c, uin
 ATTND_CLIENT_API attnd_err attnd_client_region_register_cuda(attnd_client *c, uint32_t region,
                                                              const void *ipc_handle, uint64_t size,
                                                              int32_t device);
+/* Register CUDA device memory (cudaMalloc / cuMemAlloc) by pointer as region `region`: the
+ * region spans [start of the allocation ptr lies in, ptr + nbytes), its IPC handle and device
+ * found through the CUDA driver (loaded when called: nothing CUDA needed to build against
+ * this). *base (may be NULL) receives the allocation's start: ptr sits at offset ptr - *base.
+ * The memory must outlive the registration. INVALID_ARGUMENT for a pointer that is not device
+ * memory or nbytes past the allocation, UNSUPPORTED for memory without a CUDA IPC handle
+ * (cuMemCreate, memory pools). */
+ATTND_CLIENT_API attnd_err attnd_client_region_register_cuda_ptr(attnd_client *c, uint32_t region,
+                                                                 const void *ptr, uint64_t nbytes,
+                                                                 uint64_t *base);
 ATTND_CLIENT_API attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region);
 /* A region id not yet handed out by this client (1, 2, ...); attnd_client_shm_create uses it. */
 ATTND_CLIENT_API uint32_t attnd_client_region_next_id(attnd_client *c);
@@ -431,7 +443,8 @@ ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const att
  *
  * Per layer two 32-bit flag words, each owned by the side that waits on it: the daemon's (the
  * caller's stream writes 1 once the layer's Q/K/V are in place) and the caller's (the daemon's
- * stream writes 1 once the output is there; the caller's stream waits for it and writes 0 back).
+ * stream writes 1 once the output is there; the caller's stream waits for it; layer 0's signal
+ * writes every one of them back to 0 at the step's start).
  * The values are the same every step, so a captured graph replays. A step the daemon does not
  * see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
  * runs out, the step aborts, StreamEnd fails (TIMEOUT) and the channel takes no more steps:
@@ -474,11 +487,14 @@ ATTND_CLIENT_API attnd_err attnd_client_stream_begin(attnd_client_stream *s,
                                                      const attnd_stream_layer *layers,
                                                      size_t nlayers, attnd_step *step,
                                                      uint32_t *query_start_loc);
-/* Queue on stream: layer's Q/K/V are in place (once the work queued before is done). */
+/* Queue on stream: layer's Q/K/V are in place (once the work queued before is done). On a CUDA
+ * daemon, layer 0's signal first resets the caller's word of every layer (the step's start). */
 ATTND_CLIENT_API attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer,
                                                       void *stream);
-/* Queue on stream: wait until the daemon wrote layer's output, then reset the word. On a CPU
- * daemon this waits here (TIMEOUT after the channel's timeout and 5 s). */
+/* Queue on stream: wait until the daemon wrote layer's output. Queue it behind the step's layer-0
+ * signal (the same stream, or one ordered after it): until then the word may still hold the last
+ * step's 1. On a CPU daemon this waits here and resets the word (TIMEOUT after the channel's
+ * timeout and 5 s). */
 ATTND_CLIENT_API attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer,
                                                     void *stream);
 /* The layer's attention as stream operations: attnd_client_stream_signal then _wait. */

@@ -98,6 +98,7 @@ typedef struct attnd_status {
     uint64_t requests;
     uint64_t errors;
     double uptime_s;
+    int32_t mps;
 } attnd_status;
 
 typedef struct attnd_seq_info {
@@ -163,6 +164,8 @@ attnd_err attnd_client_region_register_shm(attnd_client *c, uint32_t region,
                                            const char *shm_name, uint64_t size);
 attnd_err attnd_client_region_register_cuda(attnd_client *c, uint32_t region,
                                             const void *ipc_handle, uint64_t size, int32_t device);
+attnd_err attnd_client_region_register_cuda_ptr(attnd_client *c, uint32_t region,
+                                                const void *ptr, uint64_t nbytes, uint64_t *base);
 attnd_err attnd_client_region_unregister(attnd_client *c, uint32_t region);
 uint32_t attnd_client_region_next_id(attnd_client *c);
 attnd_err attnd_client_shm_create(attnd_client *c, size_t size, attnd_shm *shm);

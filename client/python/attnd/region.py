@@ -124,46 +124,33 @@ class ShmRegion(Region):
         c._check(rv)
 
 
-CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
-
-
-def cuda_ipc_handle(shared: bytes) -> bytes:
-    """The cudaIpcMemHandle_t in what UntypedStorage._share_cuda_() returns: the bare 64 bytes
-    (older torch), or torch's versioned form (a version byte, a type byte, the handle): type
-    'c' is a cudaMalloc block; 'e' (an expandable segment) has no cudaIpcMemHandle."""
-    if len(shared) == CUDA_IPC_HANDLE_SIZE:
-        return shared
-    if len(shared) >= 2 + CUDA_IPC_HANDLE_SIZE and shared[1] == ord("c"):
-        return shared[2:2 + CUDA_IPC_HANDLE_SIZE]
-    if len(shared) >= 2 and shared[1] == ord("e"):
-        raise ValueError("this CUDA buffer lives in an expandable segment, which has no "
-                         "cudaIpcMemHandle: allocate it with PYTORCH_CUDA_ALLOC_CONF not "
-                         "setting expandable_segments:True")
-    raise ValueError(f"unknown torch CUDA IPC handle format ({len(shared)} bytes, "
-                     f"leading {shared[:2].hex()})")
-
-
 class CudaRegion(Region):
     """A torch CUDA buffer registered with the daemon by CUDA IPC (zero copy). The region spans
     the allocation the buffer's storage lives in, from its start to the storage's end, so every
-    tensor viewing the storage passes by reference. The storage stays alive while registered."""
+    tensor viewing the storage passes by reference. The storage stays alive while registered.
+    The client library exports the allocation through the CUDA driver, not torch's
+    _share_cuda_(), whose producer-side bookkeeping waits for a torch consumer to release the
+    block (the daemon never does: blocks would stay in limbo and torch warn at exit)."""
 
     def __init__(self, client: Client, t: Any, carve: bool = False) -> None:
+        import torch
+
         super().__init__(client)
         storage = t.untyped_storage()
-        # (device, handle, storage bytes, storage offset in its allocation, ...): torch's own
-        # CUDA IPC export, the one torch.multiprocessing uses
-        device, shared, nbytes, first = storage._share_cuda_()[:4]
-        handle = cuda_ipc_handle(shared)
         self._storage: Any = storage
-        self.device = f"cuda:{device}"
-        self.base, self.size = storage.data_ptr() - first, first + nbytes
+        self.device = f"cuda:{t.device.index if t.device.index is not None else 0}"
+        self.id = int(client._lib.attnd_client_region_next_id(client._c))
+        base = ffi.new("uint64_t *")
+        with torch.cuda.device(t.device):  # the driver calls need this device's context current
+            client._check(client._lib.attnd_client_region_register_cuda_ptr(
+                client._c, self.id, ffi.cast("void *", storage.data_ptr()), storage.nbytes(),
+                base))
+        self.base = int(base[0])
+        first = storage.data_ptr() - self.base
+        self.size = first + storage.nbytes()
         # only a buffer this package allocated is carved by tensor()
         self._bump = _Bump(first if carve else self.size, self.size)
         self._first = first
-        self.id = int(client._lib.attnd_client_region_next_id(client._c))
-        client._check(client._lib.attnd_client_region_register_cuda(
-            client._c, self.id, handle, self.size, device))
 
     @classmethod
     def allocate(cls, client: Client, nbytes: int, device: Any) -> CudaRegion:

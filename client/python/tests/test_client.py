@@ -270,14 +270,38 @@ def test_empty_allocates_a_registered_tensor(client):
     assert any(r.holds(t) for r in client._regions)
 
 
-def test_cuda_ipc_handle_formats():
-    from attnd.region import cuda_ipc_handle
+def test_registering_memory_that_is_not_cuda_fails_cleanly(client):
+    """By pointer, through the driver: no driver (CI) -> UNAVAILABLE naming it; a host pointer
+    -> INVALID_ARGUMENT naming the pointer. The session goes on."""
+    host = np.zeros(64, np.uint8)
+    with pytest.raises(attnd.AttndError) as e:
+        client._check(client._lib.attnd_client_region_register_cuda_ptr(
+            client._c, client._lib.attnd_client_region_next_id(client._c),
+            _lib.ffi.cast("void *", host.ctypes.data), 64, _lib.ffi.NULL))
+    if e.value.name == "UNAVAILABLE":
+        assert "no CUDA driver" in str(e.value)
+    else:
+        assert e.value.name == "INVALID_ARGUMENT" and "is not CUDA device memory" in str(e.value)
+    assert client.seqs() == []
 
-    raw = bytes(range(64))
-    assert cuda_ipc_handle(raw) == raw
-    assert cuda_ipc_handle(b"\x02c" + raw) == raw  # torch <= 2.12
-    assert cuda_ipc_handle(b"\x03c" + raw) == raw  # torch 2.13
-    with pytest.raises(ValueError, match="expandable segment"):
-        cuda_ipc_handle(b"\x02e" + raw)
-    with pytest.raises(ValueError, match="unknown"):
-        cuda_ipc_handle(b"\x02x" + raw)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@CUDA
+def test_a_registered_cuda_tensor_goes_back_to_torch(client):
+    """Registered and closed, a CUDA buffer is torch's again (no IPC limbo), and a worker that
+    registered one exits without torch's warning about shared CUDA tensors."""
+    before = torch.cuda.memory_allocated()
+    t = torch.ones(1 << 20, device="cuda")
+    r = client.region_from_tensor(t)
+    assert r.holds(t) and r.holds(t[5:9]) and not r.holds(torch.ones(4, device="cuda"))
+    r.close()
+    del t, r
+    assert torch.cuda.memory_allocated() == before
+    code = ("import attnd, torch, sys; c = attnd.Client(sys.argv[1]); "
+            "t = torch.ones(4096, device='cuda'); r = c.region_from_tensor(t); r.close(); c.close()")
+    p = subprocess.run([sys.executable, "-c", code, client.url], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "shared CUDA tensors" not in p.stderr, p.stderr

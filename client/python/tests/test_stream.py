@@ -214,3 +214,94 @@ def test_generator_through_a_stream_channel_matches_attend():
     for a, b in zip(*runs):
         assert a.generated == b.generated
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+
+
+def other_client_work(url: str) -> None:
+    """What must not wait for another session's stream: register and unregister regions (CUDA
+    IPC on the GPU, each a fresh 32 MiB allocation), open and close stream channels, and Attend
+    steps over host tensors in shared memory, larger each round (the daemon stages them in
+    device memory on the GPU, growing its staging buffer: a free and an allocation)."""
+    with attnd.Client(url) as b:
+        keep = []  # every round's buffer stays alive: no allocation is reused
+        for r, t in enumerate((8, 64, 250)):
+            region = b.alloc(32 << 20, "cuda") if CUDA else b.region(1 << 20)
+            keep.append(region)
+            with b.stream():
+                pass
+            hb = b.region(4 * t * (2 * HQ + 2 * HK) * D)
+            q, k, v, o = (hb.array((t, h, D)) for h in (HQ, HK, HK, HQ))
+            b.create(10 + r)
+            with b.step([(10 + r, t)]) as st:
+                for layer in range(L):
+                    for dst, src in zip((q, k, v), inputs(7, layer, t)):
+                        dst[...] = src
+                    b.attend(st, layer, q, k, v, out=o)
+                    assert np.isfinite(o).all() and np.abs(o).max() > 0
+            region.close()
+            hb.close()
+
+
+def test_a_waiting_stream_stalls_no_other_client():
+    """A channel's stream waits mid-step (layer 0 handed over, layer 1 not yet) while another
+    client registers and unregisters regions, opens and closes channels and runs Attend steps
+    that need new staging: all of it completes while the stream waits (no call of the daemon's
+    waits for the whole device), then the worker goes on and its outputs equal Client.attend's."""
+    import threading
+
+    with Daemon(GEOMETRY, limits={"stream_timeout_ms": 60000}) as d, \
+            attnd.Client(d.url) as a, attnd.Client(d.url) as ref:
+        want = run_attend(ref)[:L]
+        ch, buf = a.stream(), Buffers(a)
+        for s in (1, 2):
+            a.create(s)
+        t = sum(n for _, n in STEPS[0])
+        q, k, v, o = buf.rows(t)
+        st = ch.begin(STEPS[0], q, k, v, o)
+        got = []
+        for dst, src in zip((q, k, v), inputs(0, 0, t)):
+            put(dst, src)
+        got.append(host(ch.attend(st, 0)))  # the daemon's stream now waits for layer 1
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                other_client_work(d.url)
+            except BaseException as e:  # noqa: BLE001  reported below
+                errors.append(e)
+
+        th = threading.Thread(target=other, daemon=True)
+        th.start()
+        th.join(30)
+        stalled = th.is_alive()
+        for layer in range(1, L):  # go on either way: a stalled daemon is freed before failing
+            for dst, src in zip((q, k, v), inputs(0, layer, t)):
+                put(dst, src)
+            got.append(host(ch.attend(st, layer)))
+        ch.end(st)
+        th.join(30)
+        assert not stalled, "the other client's calls waited for the stalled stream"
+        assert not errors, errors
+        assert not ch.failed
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)
+        ch.close()
+
+
+def test_status_says_whether_the_daemon_runs_under_mps(daemon):
+    """The Status RPC carries what /status and the log say: MPS on or off on a GPU (the log's
+    event=mps active=), unknown (-1) on the CPU backend."""
+    import re
+
+    with attnd.Client(daemon.url) as c:
+        mps = c.status()["mps"]
+    if not CUDA:
+        assert mps == -1
+        return
+    logged = re.search(r"event=mps active=(-?\d+)", daemon.logs())
+    assert mps in (0, 1)
+    if logged is not None:
+        assert mps == int(logged.group(1))
+    else:  # below log level info only "not under MPS" (a warning) shows
+        assert mps == 1
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):  # the GPU run starts the MPS control daemon
+        assert mps == 1

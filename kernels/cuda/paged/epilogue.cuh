@@ -45,4 +45,66 @@ attnd_paged_store_rows_as(const attnd_paged_kargs &a, F o, const float m[2], con
     }
 }
 
+// sm90 core: a row's normaliser (out_scale / L, sink folded in) and its LSE, written when asked.
+template <bool SINKS>
+__device__ __forceinline__ float attnd_paged_row_end(const attnd_paged_kargs &a, float m, float l,
+                                                     int idx, int rows_total, int q_start, int kvh,
+                                                     int t4)
+{
+    float L = attnd_quad_sum(l), M = m;
+    if (idx >= rows_total) return 0.0f;
+    const int g = a.group, tok = q_start + idx / g, head = kvh * g + idx % g;
+    float f = 1.0f;
+    if constexpr (SINKS) f = attnd_paged_sink(a, head, &M, &L);
+    if (a.p.out_lse.data && t4 == 0)
+        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
+                                    (int64_t)tok * a.p.out_lse.strides[1]] =
+            attnd_softmax_lse(M, L);
+    return L > 0.0f ? f * a.out_scale / L : 0.0f;
+}
+
+// sm90 core, 16-bit out with 16-byte-aligned rows: a warp's 16 rows (from wrow0; lrow0: their
+// first row in buf) through shared memory buf (the warpgroup's free Q buffer: 64-column slabs of
+// 64 rows, 128-byte swizzle), then 16-byte global stores, consecutive lanes along a row, instead
+// of 4-byte stores straight from the fragments. NB chunks of 8 columns; o, m, l as above.
+template <int NB, bool SINKS, class F>
+__device__ __forceinline__ void
+attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], const float l[2],
+                            int wrow0, int rows_total, int q_start, int kvh, int lane, uint32_t buf,
+                            int lrow0)
+{
+    const int t4 = lane & 3, g = a.group, d_act = (int)a.p.q.shape[2];
+    const bool bf = a.p.out.dtype == ATTND_DTYPE_BF16;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int lr = (lane >> 2) + 8 * r;
+        const float inv =
+            attnd_paged_row_end<SINKS>(a, m[r], l[r], wrow0 + lr, rows_total, q_start, kvh, t4);
+#pragma unroll
+        for (int n = 0; n < NB; n++) {
+            const float x = o(n, 2 * r) * inv, y = o(n, 2 * r + 1) * inv;
+            const uint32_t u =
+                bf ? attnd_tc<__nv_bfloat16>::pack(x, y) : attnd_tc<__half>::pack(x, y);
+            const uint32_t at = buf + (n >> 3) * (64 * 128) + (uint32_t)((lrow0 + lr) * 128) +
+                                ((uint32_t)((n & 7) ^ ((lrow0 + lr) & 7)) << 4) + 4 * t4;
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(u) : "memory");
+        }
+    }
+    __syncwarp();
+#pragma unroll 2
+    for (int i = lane; i < 16 * NB; i += 32) {
+        const int rr = i / NB, ch = i % NB, idx = wrow0 + rr, lr = lrow0 + rr;
+        if (idx >= rows_total || ch * 8 >= d_act) continue;
+        uint4 x;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                     : "r"(buf + (ch >> 3) * (64 * 128) + (uint32_t)(lr * 128) +
+                           ((uint32_t)((ch & 7) ^ (lr & 7)) << 4))
+                     : "memory");
+        const int tok = q_start + idx / g, head = kvh * g + idx % g;
+        *(uint4 *)((uint16_t *)a.p.out.data + (int64_t)tok * a.p.out.strides[0] +
+                   (int64_t)head * a.p.out.strides[1] + ch * 8) = x;
+    }
+}
+
 #endif

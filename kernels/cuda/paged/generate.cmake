@@ -1,6 +1,7 @@
 # Writes one instantiation of attnd_paged_run (paged/launch.h) into OUT: core CORE (sm80_prefill,
-# sm80_decode, sm90_prefill, sm90_prefill_sinks), padded head size D, cache type KV (f16, bf16,
-# fp8). Run by CMake at build time, one file per instantiation so they compile in parallel:
+# sm80_decode, sm90_prefill, sm90_prefill_sinks, sm90_varlen, sm90_sparse), padded head size D,
+# cache type KV (f16, bf16, fp8). Run by CMake at build time, one file per instantiation so they
+# compile in parallel:
 #   cmake -DOUT=file.cu -DCORE=sm90_prefill -DD=128 -DKV=bf16 -P generate.cmake
 string(TOUPPER "${CORE}" core_uc)
 string(TOUPPER "${KV}" kv_uc)

@@ -147,7 +147,7 @@ static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_pa
     return f ? f(a, l) : cudaErrorInvalidConfiguration;
 }
 
-static void launch_init(attnd_paged_launch *l, const attnd_cuda *c, const attnd_paged_params *p)
+static void launch_init(attnd_paged_launch *l, attnd_cuda *c, const attnd_paged_params *p)
 {
     memset(l, 0, sizeof *l);
     l->stream = c->stream;
@@ -159,6 +159,7 @@ static void launch_init(attnd_paged_launch *l, const attnd_cuda *c, const attnd_
     l->sm90_off = c->sm90_off;
     l->l2_bytes = c->l2_bytes;
     l->max_seq_len = p->max_seq_len;
+    l->optin = &c->optin;
 }
 
 // A 16-bit cache as the sm90 core's TMA sees it: dims (head, kv head, row in block, block) with

@@ -8,13 +8,17 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "cuda_backend.h"
 #include "paged/args.h"
+#include "paged/src_sm90.h"
 
 enum {
     ATTND_CORE_SM80_PREFILL = 0, // mma.sync, 128 (64) packed rows, whole context, 2D only
     ATTND_CORE_SM80_DECODE = 1,  // mma.sync, 16 packed rows, 4 warps over the tokens, 2D and 3D
     ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
     ATTND_CORE_SM90_PREFILL_SINKS = 3, // the same, its epilogue folding attention sinks in
+    ATTND_CORE_SM90_VARLEN = 4,        // the sm90 core on contiguous K/V (varlen.cu)
+    ATTND_CORE_SM90_SPARSE = 5,        // the sm90 core on gathered key blocks (blocksparse.cu)
 };
 
 // Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
@@ -22,7 +26,8 @@ enum {
     ATTND_SM90_NO_PINGPONG = 1,  // consumers issue their GEMMs without taking turns
     ATTND_SM90_NO_SECTIONS = 2,  // tiles ordered without regard to the L2
     ATTND_SM90_NO_QPREFETCH = 4, // Q loaded when its tile starts, not during the previous one
-    ATTND_SM90_NO_DEEP_K = 8     // as many K stages as V stages
+    ATTND_SM90_NO_DEEP_K = 8,    // as many K stages as V stages
+    ATTND_SM90_NO_SMEM_EPI = 16  // rows stored straight from the fragments, not via shared memory
 };
 
 // What a launch needs besides the kernel arguments; the caller owns the stream.
@@ -35,6 +40,8 @@ typedef struct attnd_paged_launch {
     int sm90_off;               // sm90: ATTND_SM90_NO_* features turned off (measurements)
     int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
     int max_seq_len;
+    const attnd_sm90_src *src; // sm90 varlen / sparse: where K/V come from
+    attnd_smem_optin *optin;   // the backend's record of raised shared-memory limits
 } attnd_paged_launch;
 
 // Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.

@@ -3,23 +3,25 @@
 #define ATTND_CUDA_PAGED_LAUNCH_IMPL_CUH
 
 #include <limits.h>
+#include <string.h>
 
 #include "paged/launch.h"
 #include "paged/mainloop_sm80.cuh"
 #include "paged/mainloop_sm90.cuh"
 
-#define ATTND_CUDA_MAX_DEVICES 64
-
-// Raise the dynamic shared-memory limit of Tr's kernel to bytes, once per device (one flag set
-// per configuration: kernels of one signature share a function type, so key on Tr).
-template <class Tr, class K>
-static cudaError_t attnd_paged_smem_attr(K kernel, int bytes, int device)
+// Raise the dynamic shared-memory limit of kernel to bytes (its traits' constant) unless the
+// backend's record says it was raised already; recorded while the record has room.
+template <class K>
+static cudaError_t attnd_paged_smem_attr(K kernel, int bytes, attnd_smem_optin *optin)
 {
-    static int set[ATTND_CUDA_MAX_DEVICES]; // benign race: every writer sets the same value
-    if (device >= 0 && device < ATTND_CUDA_MAX_DEVICES && set[device]) return cudaSuccess;
+    const void *fn = (const void *)kernel;
+    if (optin)
+        for (int i = 0; i < optin->n; i++)
+            if (optin->fn[i] == fn) return cudaSuccess;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess && device >= 0 && device < ATTND_CUDA_MAX_DEVICES) set[device] = 1;
+    if (e == cudaSuccess && optin && optin->n < ATTND_CUDA_SMEM_OPTIN_MAX)
+        optin->fn[optin->n++] = fn;
     return e;
 }
 
@@ -28,7 +30,7 @@ template <class Tr>
 static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
     if (Tr::SMEM_LAUNCH > l.max_smem) return cudaErrorInvalidConfiguration;
-    cudaError_t e = attnd_paged_smem_attr<Tr>(attnd_paged_kernel<Tr>, Tr::SMEM_LAUNCH, l.device);
+    cudaError_t e = attnd_paged_smem_attr(attnd_paged_kernel<Tr>, Tr::SMEM_LAUNCH, l.optin);
     if (e != cudaSuccess) return e;
     const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
     a.direct = (int64_t)l.max_query_len * a.group <= Tr::BLOCK_M;
@@ -45,8 +47,7 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
 {
     if (Tr::SMEM_BYTES > l.max_smem || l.tk == NULL || l.tv == NULL)
         return cudaErrorInvalidConfiguration;
-    cudaError_t e =
-        attnd_paged_smem_attr<Tr>(attnd_paged_sm90_kernel<Tr>, Tr::SMEM_BYTES, l.device);
+    cudaError_t e = attnd_paged_smem_attr(attnd_paged_sm90_kernel<Tr>, Tr::SMEM_BYTES, l.optin);
     if (e != cudaSuccess) return e;
     const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
     const int64_t rounds = ((int64_t)l.max_query_len * a.group + Tr::BLOCK_M - 1) / Tr::BLOCK_M;
@@ -60,15 +61,27 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
     a.section = (int32_t)(z < 1 ? 1 : (z > S * H ? S * H : z));
     if (l.sm90_off & ATTND_SM90_NO_SECTIONS) a.section = (int32_t)(S * H);
     const int grid = (int)(total < l.num_sms ? total : l.num_sms);
-    attnd_paged_sm90_kernel<Tr>
-        <<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(a, *l.tk, *l.tv, (int)total, l.sm90_off);
+    attnd_sm90_src src;
+    memset(&src, 0, sizeof src);
+    if (Tr::MODE != ATTND_SRC_PAGED) {
+        if (l.src == NULL) return cudaErrorInvalidConfiguration;
+        src = *l.src;
+    }
+    attnd_paged_sm90_kernel<Tr><<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(
+        a, *l.tk, *l.tv, (int)total, l.sm90_off, src);
     return cudaGetLastError();
 }
 
 template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
+    if constexpr (CORE == ATTND_CORE_SM90_VARLEN) {
+        return attnd_paged_run_sm90<
+            attnd_paged_sm90_traits<D_PAD, KV, true, false, ATTND_SRC_CONTIG>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM90_SPARSE) {
+        return attnd_paged_run_sm90<
+            attnd_paged_sm90_traits<D_PAD, KV, false, false, ATTND_SRC_SPARSE>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, true, true>>(a, l);
     } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
         if constexpr (D_PAD == 128)

@@ -17,6 +17,12 @@
 // sections whose K/V fit two thirds of the L2 together; within a section tiles go heaviest first
 // (the last q-block of every pair, then the one before, ...), and the whole order is dealt to the
 // CTAs in a snake, so the CTAs running at once share their K/V through the L2.
+//
+// The same core runs varlen and block-sparse prefill (paged/src_sm90.h, Tr::MODE): K/V rows of a
+// contiguous tensor in TMA pages that start at any row (varlen: the sequence's keys; sparse: the
+// key blocks the work tile's layout rows list, gathered by the producer into one virtual key
+// sequence, each virtual key's position and layout-row mask handed to the consumers beside the
+// K stage). A sparse work tile is 128 rows of one q head (layouts differ per q head).
 #ifndef ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
 #define ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
 
@@ -25,6 +31,7 @@
 
 #include "paged/epilogue.cuh"
 #include "paged/launch.h"
+#include "paged/src_sm90.h"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
@@ -32,18 +39,21 @@
 // new work tile starts with is in flight earlier.
 // SINKS: the epilogue folds each head's sink in (an instantiation of its own, so that the core
 // without sinks keeps its plain epilogue).
-template <int D_PAD_, int KV_, bool DEEP_K = true, bool SINKS = false>
+// MODE: where K/V come from (ATTND_SRC_*).
+template <int D_PAD_, int KV_, bool DEEP_K = true, bool SINKS = false, int MODE_ = ATTND_SRC_PAGED>
 struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
+    static constexpr int MODE = MODE_;
+    static constexpr bool SPARSE = MODE == ATTND_SRC_SPARSE;
     static constexpr bool HAS_SINKS = SINKS;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
     static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
-    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2;                        // V stages
-    static constexpr int KSTAGES = NSTAGES + (DEEP_K && D_PAD == 128 ? 1 : 0); // K stages
+    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2; // V stages
+    static constexpr int KSTAGES = NSTAGES + (DEEP_K && !SPARSE && D_PAD == 128 ? 1 : 0);
     static constexpr int SLABS = D_PAD / 64;       // 64-column slabs of a row
     static constexpr int KSTEPS = D_PAD / 16;      // k16 steps of Q K^T
     static constexpr int SR = BLOCK_N / 8;         // S chunks of 8 columns
@@ -57,7 +67,15 @@ struct attnd_paged_sm90_traits {
     static constexpr int K_OFF = Q_OFF + 2 * QBUF * Q_WG_BYTES;
     static constexpr int V_OFF = K_OFF + KSTAGES * STAGE_BYTES;
     static constexpr int BAR_OFF = V_OFF + NSTAGES * STAGE_BYTES;
-    static constexpr int SMEM_BYTES = BAR_OFF + 4 * KSTAGES * 8 + 1024; // + base alignment
+    // sparse: per K stage, each virtual key's info (position | layout-row mask << 24) and a
+    // header (tiles of the work tile, AND of the masks, largest position); the producer's
+    // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
+    static constexpr int KB_MAX = SPARSE ? 2048 : 0;
+    static constexpr int KINFO_INTS = BLOCK_N + 4;
+    static constexpr int KINFO_OFF = BAR_OFF + 4 * KSTAGES * 8;
+    static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
+    static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
+    static constexpr int SMEM_BYTES = KLIST_OFF + KB_MAX * 4 + 1024; // + base alignment
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -69,15 +87,40 @@ struct attnd_paged_sm90_traits {
 };
 
 // One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
+// kvh: the kv head (sparse: the q head; kv_src is the kv head K/V come from); k_start: the
+// sequence's first key row (contiguous sources).
 struct attnd_sm90_tile {
-    int seq, kvh, row0, rows_total, q_start, ctx, seq_len, jlo, jhi;
+    int seq, kvh, kv_src, row0, rows_total, q_start, ctx, seq_len, jlo, jhi, k_start;
 };
+
+// Sequence seq as the source gives it: contiguous keys from cu_k (bottom-right causal, or every
+// key visible: ctx = seq_len), else the paged sequence.
+template <class Tr>
+__device__ __forceinline__ attnd_paged_seq attnd_sm90_seq_at(const attnd_paged_kargs &a,
+                                                             const attnd_sm90_src &src, int seq,
+                                                             int *k_start)
+{
+    *k_start = 0;
+    if constexpr (Tr::MODE == ATTND_SRC_PAGED) {
+        return attnd_paged_seq_at(a, seq);
+    } else {
+        const int64_t qs = a.p.query_start_loc.strides[0];
+        const int32_t *qsl = (const int32_t *)a.p.query_start_loc.data;
+        attnd_paged_seq s;
+        s.q_start = qsl[seq * qs];
+        s.q_len = qsl[(seq + 1) * qs] - s.q_start;
+        *k_start = src.cu_k[seq * src.cu_k_st];
+        s.seq_len = src.cu_k[(seq + 1) * src.cu_k_st] - *k_start;
+        s.ctx = src.causal ? s.seq_len - s.q_len : s.seq_len;
+        return s;
+    }
+}
 
 // Tile t of the enumeration: section t / (section * m_rounds), then round r (the r-th q-block
 // from the end of each pair), then the pair. False when that sequence has fewer q-blocks.
 template <class Tr>
-__device__ __forceinline__ bool attnd_sm90_tile_at(const attnd_paged_kargs &a, int t,
-                                                   attnd_sm90_tile *w)
+__device__ __forceinline__ bool
+attnd_sm90_tile_at(const attnd_paged_kargs &a, const attnd_sm90_src &src, int t, attnd_sm90_tile *w)
 {
     const int H = (int)a.p.k_cache.shape[2], S = (int)a.p.seq_lens.shape[0], g = a.group;
     const int Z = a.section, per = Z * a.m_rounds, sec = t / per;
@@ -85,7 +128,8 @@ __device__ __forceinline__ bool attnd_sm90_tile_at(const attnd_paged_kargs &a, i
     const int r = within / zs, pair = sec * Z + within % zs;
     w->seq = pair / H;
     w->kvh = pair % H;
-    const attnd_paged_seq s = attnd_paged_seq_at(a, w->seq);
+    w->kv_src = Tr::SPARSE ? w->kvh / src.kv_group : w->kvh;
+    const attnd_paged_seq s = attnd_sm90_seq_at<Tr>(a, src, w->seq, &w->k_start);
     w->rows_total = s.q_len * g;
     const int qb = (w->rows_total + Tr::BLOCK_M - 1) / Tr::BLOCK_M - 1 - r;
     if (qb < 0) return false;
@@ -98,6 +142,7 @@ __device__ __forceinline__ bool attnd_sm90_tile_at(const attnd_paged_kargs &a, i
     attnd_paged_range(a, s.seq_len, s.ctx + w->row0 / g, s.ctx + row_last / g, 0, &lo, &hi);
     w->jlo = lo < hi ? lo / Tr::BLOCK_N : 0;
     w->jhi = lo < hi ? (hi - 1) / Tr::BLOCK_N : -1;
+    if (Tr::SPARSE) w->jlo = w->jhi = 0; // one K stage at least; its header says how many
     return true;
 }
 
@@ -113,7 +158,8 @@ __device__ __forceinline__ int attnd_sm90_tile_index(int k, int total)
 
 // Shared-memory addresses of a CTA's stages and barriers.
 template <class Tr> struct attnd_sm90_smem {
-    uint32_t base;
+    uint32_t base;      // shared-state-space address (1024-aligned)
+    unsigned char *gen; // the same byte as a generic pointer
     __device__ __forceinline__ uint32_t q(int wg, int buf) const
     {
         return base + Tr::Q_OFF + (buf * 2 + wg) * Tr::Q_WG_BYTES;
@@ -142,6 +188,19 @@ template <class Tr> struct attnd_sm90_smem {
     {
         return full_k(3 * Tr::KSTAGES + st);
     }
+    // sparse: generic pointers to the key info of K stage st, the block masks, the list
+    __device__ __forceinline__ int32_t *kinfo(int st) const
+    {
+        return (int32_t *)(gen + Tr::KINFO_OFF) + st * Tr::KINFO_INTS;
+    }
+    __device__ __forceinline__ uint8_t *kmask(void) const
+    {
+        return (uint8_t *)(gen + Tr::KMASK_OFF);
+    }
+    __device__ __forceinline__ int32_t *klist(void) const
+    {
+        return (int32_t *)(gen + Tr::KLIST_OFF);
+    }
 };
 
 // Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled slab.
@@ -154,20 +213,43 @@ __device__ __forceinline__ uint32_t attnd_slab_off(int r, int c)
 
 template <class Tr> struct attnd_sm90_producer {
     const attnd_paged_kargs &a;
+    const attnd_sm90_src &src;
     const CUtensorMap *tk, *tv;
     attnd_sm90_smem<Tr> sm;
     int lane;
-    uint32_t nk = 0, nv = 0; // K and V tiles issued so far (ring position and phase)
+    uint32_t nk = 0, nv = 0;     // K and V tiles issued so far (ring position and phase)
+    const int32_t *bt = nullptr; // paged: the work tile's block-table row
+    int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
 
-    // This lane's page of tile j: present (it holds keys of the sequence) and its id (ids
-    // outside the pool read as zeros: the TMA fills out-of-bounds boxes).
-    __device__ __forceinline__ bool page(const attnd_sm90_tile &w, const int32_t *bt, int j,
-                                         int *pid) const
+    // Position of virtual key vk (sparse: through the gathered list; else vk itself).
+    __device__ __forceinline__ int key_pos(int vk) const
     {
-        const int tok0 = j * Tr::BLOCK_N + (lane << a.bs_log2);
+        if constexpr (Tr::SPARSE) {
+            const int kb = sm.klist()[vk >> src.kb_log2] & 0xffffff;
+            return (kb << src.kb_log2) + (vk & ((1 << src.kb_log2) - 1));
+        } else {
+            return vk;
+        }
+    }
+
+    // This lane's page of tile j: present (it holds keys of the sequence), the id the TMA box
+    // and the V tail take (paged: the block, ids outside the pool read as zeros; contiguous: the
+    // first row) and its valid rows.
+    __device__ __forceinline__ bool page(const attnd_sm90_tile &w, int j, int *pid,
+                                         int *valid) const
+    {
+        const int v0 = j * Tr::BLOCK_N + (lane << a.bs_log2);
         *pid = 0;
-        if (lane >= (Tr::BLOCK_N >> a.bs_log2) || tok0 >= w.seq_len) return false;
-        *pid = __ldg(bt + (int64_t)(tok0 >> a.bs_log2) * a.p.block_tables.strides[1]);
+        *valid = 0;
+        if (lane >= (Tr::BLOCK_N >> a.bs_log2)) return false;
+        if (Tr::SPARSE && v0 >= nvirt) return false;
+        const int pos0 = key_pos(v0);
+        if (pos0 >= w.seq_len) return false;
+        *valid = min(1 << a.bs_log2, w.seq_len - pos0);
+        if constexpr (Tr::MODE == ATTND_SRC_PAGED)
+            *pid = __ldg(bt + (int64_t)(pos0 >> a.bs_log2) * a.p.block_tables.strides[1]);
+        else
+            *pid = w.k_start + pos0;
         return true;
     }
 
@@ -176,32 +258,35 @@ template <class Tr> struct attnd_sm90_producer {
                                           int kvh, int pid) const
     {
         const uint32_t d = dst + (uint32_t)(lane << a.bs_log2) * 128;
+        const int c2 = Tr::MODE == ATTND_SRC_PAGED ? 0 : pid;
+        const int c3 = Tr::MODE == ATTND_SRC_PAGED ? pid : 0;
 #pragma unroll
         for (int s = 0; s < Tr::SLABS; s++)
-            attnd_tma_load4(d + s * Tr::SLAB_BYTES, tm, bar, 64 * s, kvh, 0, pid);
+            attnd_tma_load4(d + s * Tr::SLAB_BYTES, tm, bar, 64 * s, kvh, c2, c3);
     }
 
-    __device__ __forceinline__ void load_k(const attnd_sm90_tile &w, const int32_t *bt, int j)
+    __device__ __forceinline__ void load_k(const attnd_sm90_tile &w, int j, int ntiles)
     {
         const int st = nk % Tr::KSTAGES, ph = (nk / Tr::KSTAGES) & 1;
         nk++;
         attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
-        int pid;
-        const bool present = page(w, bt, j, &pid);
+        if constexpr (Tr::SPARSE) write_kinfo(w, st, j, ntiles);
+        int pid, valid;
+        const bool present = page(w, j, &pid, &valid);
         const int n = __popc(__ballot_sync(0xffffffffu, present));
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_k(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
-        if (present) issue(tk, sm.k(st), sm.full_k(st), w.kvh, pid);
+        if (Tr::SPARSE && lane != 0) attnd_mbar_arrive(sm.full_k(st)); // each after its key info
+        if (present) issue(tk, sm.k(st), sm.full_k(st), w.kv_src, pid);
     }
 
     // V rows from r0 on (r0: the first row of the first page not wholly inside the sequence):
     // the partial page's valid rows from memory, everything else zeros.
-    __device__ __forceinline__ void fill_v_tail(const attnd_sm90_tile &w, uint32_t dst, int j,
-                                                int r0, int pid_partial) const
+    __device__ __forceinline__ void fill_v_tail(const attnd_sm90_tile &w, uint32_t dst, int r0,
+                                                int pid_partial, int valid) const
     {
         const attnd_tensor &v = a.p.v_cache;
-        const int t0 = j * Tr::BLOCK_N, valid = min(w.seq_len - t0 - r0, 1 << a.bs_log2);
         const bool ok = (unsigned)pid_partial < (unsigned)a.nblocks32;
         const int d_act = (int)a.p.q.shape[2];
         const int chunks = (Tr::BLOCK_N - r0) * Tr::SLABS * 8;
@@ -214,7 +299,7 @@ template <class Tr> struct attnd_sm90_producer {
                 x = __ldg((const uint4 *)((const uint16_t *)v.data +
                                           (int64_t)pid_partial * v.strides[0] +
                                           (int64_t)(r - r0) * v.strides[1] +
-                                          (int64_t)w.kvh * v.strides[2] + col));
+                                          (int64_t)w.kv_src * v.strides[2] + col));
             asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst + s * Tr::SLAB_BYTES +
                                                                           attnd_slab_off(r, cc)),
                          "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w)
@@ -223,52 +308,136 @@ template <class Tr> struct attnd_sm90_producer {
         attnd_fence_proxy_async();
     }
 
-    __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, const int32_t *bt, int j)
+    __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, int j)
     {
         const int st = nv % Tr::NSTAGES, ph = (nv / Tr::NSTAGES) & 1;
         nv++;
         attnd_mbar_wait(sm.empty_v(st), ph ^ 1);
-        const int t0 = j * Tr::BLOCK_N, bs = 1 << a.bs_log2;
-        int pid;
-        const bool whole = page(w, bt, j, &pid) && t0 + (lane + 1) * bs <= w.seq_len;
+        int pid, valid;
+        const bool whole = page(w, j, &pid, &valid) && valid == (1 << a.bs_log2);
         const int n = __popc(__ballot_sync(0xffffffffu, whole));
-        const int r0 = n * bs; // pages before r0 lie wholly inside the sequence
+        const int r0 = n << a.bs_log2; // pages before r0 lie wholly inside the sequence
         const int pid_partial = __shfl_sync(0xffffffffu, pid, n & 31);
-        if (r0 < Tr::BLOCK_N) fill_v_tail(w, sm.v(st), j, r0, pid_partial);
+        const int valid_partial = __shfl_sync(0xffffffffu, valid, n & 31);
+        if (r0 < Tr::BLOCK_N) fill_v_tail(w, sm.v(st), r0, pid_partial, valid_partial);
         __syncwarp();
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_v(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
-        if (whole) issue(tv, sm.v(st), sm.full_v(st), w.kvh, pid);
+        if (whole) issue(tv, sm.v(st), sm.full_v(st), w.kv_src, pid);
     }
 
-    // K of tile jhi first, then K of j - 1 ahead of V of j (the consumers' order).
+    __device__ __forceinline__ void write_kinfo(const attnd_sm90_tile &w, int st, int j,
+                                                int ntiles);
+    __device__ __forceinline__ int gather(const attnd_sm90_tile &w);
+
+    // K of tile jhi first, then K of j - 1 ahead of V of j (the consumers' order). Sparse: the
+    // tiles of the gathered keys (none: one K stage whose header says so, no V).
     __device__ __forceinline__ void run(int total)
     {
         for (int k = 0;; k++) {
             const int t = attnd_sm90_tile_index(k, total);
             if (t < 0) break;
             attnd_sm90_tile w;
-            if (!attnd_sm90_tile_at<Tr>(a, t, &w) || w.jhi < w.jlo) continue;
-            const int32_t *bt = (const int32_t *)a.p.block_tables.data +
-                                (int64_t)w.seq * a.p.block_tables.strides[0];
-            load_k(w, bt, w.jhi);
-            for (int j = w.jhi - 1; j >= w.jlo; j--) {
-                load_k(w, bt, j);
-                load_v(w, bt, j + 1);
+            if (!attnd_sm90_tile_at<Tr>(a, src, t, &w) || w.jhi < w.jlo) continue;
+            bt = (const int32_t *)a.p.block_tables.data +
+                 (int64_t)w.seq * a.p.block_tables.strides[0];
+            int ntiles = w.jhi - w.jlo + 1;
+            if constexpr (Tr::SPARSE) {
+                ntiles = gather(w);
+                w.jhi = ntiles - 1;
+                if (ntiles == 0) {
+                    load_k(w, 0, 0);
+                    continue;
+                }
             }
-            load_v(w, bt, w.jlo);
+            load_k(w, w.jhi, ntiles);
+            for (int j = w.jhi - 1; j >= w.jlo; j--) {
+                load_k(w, j, ntiles);
+                load_v(w, j + 1);
+            }
+            load_v(w, w.jlo);
         }
     }
 };
 
+// Sparse: the key blocks that the layout rows of w's rows list, as a list in increasing order
+// (each entry: block | mask of the rows listing it << 24, rows counted from the tile's first
+// layout row, at most 8); returns the K/V tiles of the gathered keys.
+template <class Tr>
+__device__ __forceinline__ int attnd_sm90_producer<Tr>::gather(const attnd_sm90_tile &w)
+{
+    uint8_t *mask = sm.kmask();
+    int32_t *list = sm.klist();
+    const int nkb = min((w.seq_len + (1 << src.kb_log2) - 1) >> src.kb_log2, Tr::KB_MAX);
+    for (int i = lane; i < nkb; i += 32)
+        mask[i] = 0;
+    __syncwarp();
+    const int last = min(w.row0 + Tr::BLOCK_M, w.rows_total) - 1;
+    const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2, r_b = (w.ctx + last) >> src.qb_log2;
+    const int32_t *crow = src.crow + (int64_t)w.kvh * src.crow_sh;
+    for (int r = r_a; r <= min(r_b, r_a + 7) && r < src.n_row_blocks && w.ctx + last >= 0; r++) {
+        const int c0 = max(0, min(crow[(int64_t)r * src.crow_sm], src.n_cols));
+        const int c1 = max(c0, min(crow[(int64_t)(r + 1) * src.crow_sm], src.n_cols));
+        for (int c = c0 + lane; c < c1; c += 32) {
+            const int kb = __ldg(src.col + (int64_t)w.kvh * src.col_sh + (int64_t)c * src.col_sm);
+            if ((unsigned)kb < (unsigned)nkb) mask[kb] |= (uint8_t)(1u << (r - r_a));
+        }
+        __syncwarp(); // distinct blocks within a row; rows one after the other
+    }
+    int n = 0;
+    for (int base = 0; base < nkb; base += 32) {
+        const int kb = base + lane;
+        const uint32_t m = kb < nkb ? mask[kb] : 0u;
+        const uint32_t bal = __ballot_sync(0xffffffffu, m != 0);
+        if (m) list[n + __popc(bal & ((1u << lane) - 1))] = kb | (int)(m << 24);
+        n += __popc(bal);
+    }
+    __syncwarp();
+    nvirt = n << src.kb_log2;
+    return (nvirt + Tr::BLOCK_N - 1) / Tr::BLOCK_N;
+}
+
+// Sparse: K stage st's key info for tile j (position | row mask << 24; holes: mask 0) and its
+// header: the work tile's tile count, the AND of the masks, the largest position.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm90_producer<Tr>::write_kinfo(const attnd_sm90_tile &w,
+                                                                     int st, int j, int ntiles)
+{
+    int32_t *info = sm.kinfo(st);
+    uint32_t all = 0xffu;
+    int pmax = -1;
+    for (int k = lane; k < Tr::BLOCK_N; k += 32) {
+        const int vk = j * Tr::BLOCK_N + k;
+        int32_t e = 0xffffff; // a hole: mask 0
+        if (vk < nvirt) {
+            const int pos = key_pos(vk);
+            const uint32_t m = (uint32_t)sm.klist()[vk >> src.kb_log2] >> 24;
+            if (pos < w.seq_len) e = pos | (int)(m << 24);
+            pmax = max(pmax, pos < w.seq_len ? pos : -1);
+        }
+        all &= (uint32_t)e >> 24;
+        info[k] = e;
+    }
+    all = __reduce_and_sync(0xffffffffu, all);
+    pmax = __reduce_max_sync(0xffffffffu, pmax);
+    if (lane == 0) {
+        info[Tr::BLOCK_N] = ntiles;
+        info[Tr::BLOCK_N + 1] = (int)all;
+        info[Tr::BLOCK_N + 2] = pmax;
+    }
+    __syncwarp();
+}
+
 // ------------------------------------------------------------------ consumers
 
 // This lane's two rows of a tile: positions, ALiBi slopes, and its warp's position range.
+// Sparse: each row's bit among the tile's layout rows, and the OR over the warp's rows.
 struct attnd_sm90_rows {
     int idx0, pos[2], wpos_min, wpos_max;
     float slope2[2];
     bool warp_rows;
+    uint32_t lbit[2], wbits;
 };
 
 // The accumulator and online-softmax state of this lane's rows.
@@ -280,6 +449,7 @@ template <class Tr> struct attnd_sm90_acc {
 template <class Tr> struct attnd_sm90_consumer {
     typedef typename Tr::TC TC;
     const attnd_paged_kargs &a;
+    const attnd_sm90_src &src;
     attnd_sm90_smem<Tr> sm;
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
@@ -344,7 +514,7 @@ template <class Tr> struct attnd_sm90_consumer {
         for (;;) {
             const int t = attnd_sm90_tile_index((*k)++, total);
             if (t < 0) return false;
-            if (attnd_sm90_tile_at<Tr>(a, t, w)) return true;
+            if (attnd_sm90_tile_at<Tr>(a, src, t, w)) return true;
         }
     }
 
@@ -385,6 +555,16 @@ template <class Tr> struct attnd_sm90_consumer {
         if (lane == 0) attnd_mbar_arrive(bar);
     }
 
+    // K stage st released. Sparse: by every lane (the barrier counts 8 x 32), each after its own
+    // reads of the stage's key info.
+    __device__ __forceinline__ void release_k(int st) const
+    {
+        if (Tr::SPARSE)
+            attnd_mbar_arrive(sm.empty_k(st));
+        else
+            release(sm.empty_k(st));
+    }
+
     // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
     __device__ __forceinline__ void rows_of(const attnd_sm90_tile &w, attnd_sm90_rows &r) const
     {
@@ -396,18 +576,56 @@ template <class Tr> struct attnd_sm90_consumer {
         r.warp_rows = wrow0 < w.rows_total;
         r.wpos_min = w.ctx + wrow0 / g;
         r.wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
+        r.wbits = 0;
+        if constexpr (Tr::SPARSE) { // the producer's numbering (gather)
+            const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int lr = r.pos[i] >= 0 ? (r.pos[i] >> src.qb_log2) - r_a : -1;
+                r.lbit[i] = lr >= 0 && lr < 8 ? 1u << lr : 0u;
+            }
+            r.wbits = __reduce_or_sync(0xffffffffu, r.lbit[0] | r.lbit[1]);
+        }
+    }
+
+    // Logit e of S chunk n (tile j, K stage st) is visible to this lane's row.
+    __device__ __forceinline__ bool visible(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                            int j, int st, int n, int e) const
+    {
+        const int col = n * 8 + 2 * (lane & 3) + (e & 1);
+        if constexpr (Tr::SPARSE) {
+            const uint32_t info = (uint32_t)sm.kinfo(st)[col];
+            return ((info >> 24) & r.lbit[e >> 1]) && (int)(info & 0xffffffu) <= r.pos[e >> 1];
+        } else {
+            return attnd_paged_visible(j * Tr::BLOCK_N + col, r.pos[e >> 1], w.seq_len,
+                                       a.p.sliding_window);
+        }
+    }
+
+    // The tile needs no per-key test for this warp's rows.
+    __device__ __forceinline__ bool unmasked(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                             int j, int st) const
+    {
+        if (!r.warp_rows) return false;
+        if constexpr (Tr::SPARSE) {
+            const int32_t *h = sm.kinfo(st) + Tr::BLOCK_N;
+            return ((uint32_t)h[1] & r.wbits) == r.wbits && h[2] <= r.wpos_min;
+        } else {
+            const int t0 = j * Tr::BLOCK_N;
+            return attnd_paged_unmasked(t0, t0 + Tr::BLOCK_N, w.seq_len, r.wpos_min, r.wpos_max,
+                                        a.p.sliding_window);
+        }
     }
 
     // Scores of K/V tile j -> logits (log2 domain, masked where needed) -> probabilities in s;
     // the rows' maxima and sums updated, acc.alpha: the factor O still has to be rescaled by.
     __device__ __forceinline__ void softmax(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
-                                            int j, float (&s)[Tr::SR][4], attnd_sm90_acc<Tr> &acc)
+                                            int j, int st, float (&s)[Tr::SR][4],
+                                            attnd_sm90_acc<Tr> &acc)
     {
         constexpr int SR = Tr::SR;
-        const int t0 = j * Tr::BLOCK_N, t4 = lane & 3, sw = a.p.sliding_window;
-        const bool need_mask =
-            !r.warp_rows ||
-            !attnd_paged_unmasked(t0, t0 + Tr::BLOCK_N, w.seq_len, r.wpos_min, r.wpos_max, sw);
+        const int t0 = j * Tr::BLOCK_N, t4 = lane & 3;
+        const bool need_mask = !unmasked(w, r, j, st);
         float c = a.qk_scale_log2;
         if (!a.plain) {
             c = 1.0f;
@@ -420,19 +638,15 @@ template <class Tr> struct attnd_sm90_consumer {
                     float x = s[n][e] * a.qk_scale;
                     if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
                     x = x * ATTND_LOG2E + r.slope2[e >> 1] * (float)(tt - ps);
-                    if (need_mask && !attnd_paged_visible(tt, ps, w.seq_len, sw))
-                        x = attnd_neg_inf();
+                    if (need_mask && !visible(w, r, j, st, n, e)) x = attnd_neg_inf();
                     s[n][e] = x;
                 }
         } else if (need_mask) {
 #pragma unroll
             for (int n = 0; n < SR; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int tt = t0 + n * 8 + 2 * t4 + (e & 1);
-                    if (!attnd_paged_visible(tt, r.pos[e >> 1], w.seq_len, sw))
-                        s[n][e] = attnd_neg_inf();
-                }
+                for (int e = 0; e < 4; e++)
+                    if (!visible(w, r, j, st, n, e)) s[n][e] = attnd_neg_inf();
         }
         float mx[2] = {attnd_neg_inf(), attnd_neg_inf()}, ms[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -491,6 +705,33 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_fence_regs(acc.o[h]);
     }
 
+    // The first (last-indexed) K/V tile of w: Q K^T and softmax into the first P. Returns that
+    // tile's index (sparse: from the K stage's header; -1: no key, the stage released).
+    __device__ __forceinline__ int first_tile(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                              int qb, float (&s)[Tr::SR][4],
+                                              uint32_t (&pf)[Tr::BLOCK_N / 16][4],
+                                              attnd_sm90_acc<Tr> &acc)
+    {
+        const int st = nk % Tr::KSTAGES;
+        attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
+        const int jhi = Tr::SPARSE ? sm.kinfo(st)[Tr::BLOCK_N] - 1 : w.jhi;
+        if (jhi < w.jlo) {
+            release_k(st);
+            nk++;
+            return -1;
+        }
+        attnd_wgmma_fence();
+        gemm_qk(s, st, qb);
+        attnd_wgmma_wait<0>();
+        attnd_fence_regs(s);
+        if (!Tr::SPARSE) release_k(st); // sparse: softmax reads the key info
+        softmax(w, r, jhi, st, s, acc);
+        if (Tr::SPARSE) release_k(st);
+        nk++;
+        to_p(s, pf);
+        return jhi;
+    }
+
     // The K/V tiles of w, last first, with Q buffer qb: the first tile's Q K^T and softmax, then
     // per tile Q K^T of j with P V of j + 1 in flight, then the last P V.
     __device__ __forceinline__ void mainloop(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
@@ -498,20 +739,10 @@ template <class Tr> struct attnd_sm90_consumer {
     {
         float s[Tr::SR][4];
         uint32_t pf[Tr::BLOCK_N / 16][4];
-        {
-            const int st = nk % Tr::KSTAGES;
-            attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
-            attnd_wgmma_fence();
-            gemm_qk(s, st, qb);
-            attnd_wgmma_wait<0>();
-            attnd_fence_regs(s);
-            release(sm.empty_k(st));
-            nk++;
-            softmax(w, r, w.jhi, s, acc);
-            to_p(s, pf);
-        }
+        const int jhi = first_tile(w, r, qb, s, pf, acc);
+        if (jhi < w.jlo) return;
         bool first_pv = true;
-        for (int j = w.jhi - 1; j >= w.jlo; j--) {
+        for (int j = jhi - 1; j >= w.jlo; j--) {
             const int sk = nk % Tr::KSTAGES, sv = nv % Tr::NSTAGES;
             attnd_mbar_wait(sm.full_k(sk), (nk / Tr::KSTAGES) & 1);
             if (pingpong) attnd_bar_sync(1 + wg, 256); // this warpgroup's turn
@@ -523,9 +754,10 @@ template <class Tr> struct attnd_sm90_consumer {
             first_pv = false;
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
-            release(sm.empty_k(sk));
+            if (!Tr::SPARSE) release_k(sk);
+            softmax(w, r, j, sk, s, acc);
+            if (Tr::SPARSE) release_k(sk);
             nk++;
-            softmax(w, r, j, s, acc);
             attnd_wgmma_wait<0>();
             fence_o(acc);
             attnd_fence_regs(pf);
@@ -545,6 +777,9 @@ template <class Tr> struct attnd_sm90_consumer {
     }
 
     __device__ __forceinline__ void run(int total, int off);
+    __device__ __forceinline__ void store(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                          const attnd_sm90_acc<Tr> &acc, int qb,
+                                          bool via_smem) const;
 };
 
 // Every tile of this CTA: Q rows in (copied a tile ahead where they are in the compute type),
@@ -556,6 +791,11 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     const bool qpf =
         Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
     if (pingpong && wg == 0) attnd_bar_arrive(1, 256); // warpgroup 0 issues first
+    const int ot = a.p.out.dtype, os0 = (int)(a.p.out.strides[0] & 7),
+              os1 = (int)(a.p.out.strides[1] & 7);
+    const bool smem_epi = !(off & ATTND_SM90_NO_SMEM_EPI) &&
+                          (ot == ATTND_DTYPE_BF16 || ot == ATTND_DTYPE_F16) &&
+                          ((uintptr_t)a.p.out.data & 15) == 0 && os0 == 0 && os1 == 0;
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
@@ -595,31 +835,52 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
             attnd_bar_sync(3 + wg, 128);
             mainloop(w, r, qb, pingpong, acc);
         }
+        store(w, r, acc, qb, smem_epi && w.jhi >= w.jlo);
+    }
+}
+
+// The tile's rows out: through this warpgroup's Q buffer qb (free once its last Q K^T is done;
+// not when the mainloop did not run: a prefetched Q may still be landing there), or straight
+// from the fragments.
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                               const attnd_sm90_acc<Tr> &acc, int qb, bool via_smem) const
+{
+    auto o = [&](int n, int e) { return acc.o[n / Tr::ON][n % Tr::ON][e]; };
+    if (via_smem) {
+        attnd_bar_sync(3 + wg, 128); // every warp's wgmma reads of the buffer are done
+        attnd_paged_store_rows_smem<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
+            a, o, acc.m, acc.l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
+            sm.q(wg, qb), wq * 16);
+    } else {
         attnd_paged_store_rows_as<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
-            a, [&](int n, int e) { return acc.o[n / Tr::ON][n % Tr::ON][e]; }, acc.m, acc.l, r.idx0,
-            w.rows_total, w.q_start, w.kvh, lane & 3);
+            a, o, acc.m, acc.l, r.idx0, w.rows_total, w.q_start, w.kvh, lane & 3);
     }
 }
 
 #endif // ATTND_SM90A_DEVICE
 
 // The kernel: grid = persistent CTAs (at most one per SM), THREADS threads, SMEM_BYTES dynamic
-// shared memory; tk / tv: 4D tensor maps of k_cache / v_cache (launch.cu).
+// shared memory; tk / tv: 4D tensor maps of k_cache / v_cache (launch.cu; contiguous sources:
+// (head, kv head, row, 1)); src: the contiguous source (unused when paged).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
     attnd_paged_sm90_kernel(const __grid_constant__ attnd_paged_kargs a,
                             const __grid_constant__ CUtensorMap tk,
-                            const __grid_constant__ CUtensorMap tv, int total, int off)
+                            const __grid_constant__ CUtensorMap tv, int total, int off,
+                            const __grid_constant__ attnd_sm90_src src)
 {
 #ifdef ATTND_SM90A_DEVICE
     extern __shared__ __align__(1024) unsigned char attnd_smem[];
     attnd_sm90_smem<Tr> sm;
     sm.base = (attnd_smem_addr(attnd_smem) + 1023u) & ~1023u;
+    sm.gen = attnd_smem + (sm.base - attnd_smem_addr(attnd_smem));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (int st = 0; st < Tr::KSTAGES; st++) {
-            attnd_mbar_init(sm.full_k(st), 1);
-            attnd_mbar_init(sm.empty_k(st), 8);
+            attnd_mbar_init(sm.full_k(st), Tr::SPARSE ? 32 : 1); // sparse: every producer lane
+            attnd_mbar_init(sm.empty_k(st), Tr::SPARSE ? 256 : 8);
         }
         for (int st = 0; st < Tr::NSTAGES; st++) {
             attnd_mbar_init(sm.full_v(st), 1);
@@ -635,13 +896,13 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
                 attnd_tma_prefetch(&tk);
                 attnd_tma_prefetch(&tv);
             }
-            attnd_sm90_producer<Tr> pr{a, &tk, &tv, sm, lane};
+            attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
             pr.run(total);
         }
     } else {
         attnd_regs_alloc<Tr::CONSUMER_REGS>();
         const int ct = tid - 128;
-        attnd_sm90_consumer<Tr> co{a, sm, ct >> 7, (ct >> 5) & 3, lane, ct & 127};
+        attnd_sm90_consumer<Tr> co{a, src, sm, ct >> 7, (ct >> 5) & 3, lane, ct & 127};
         co.run(total, off);
     }
 #else

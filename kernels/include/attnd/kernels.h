@@ -342,6 +342,11 @@ attnd_err attnd_stream_release(attnd_backend *b, uint32_t *flag, uint32_t value)
 /* OK: everything queued on s so far is done; TIMEOUT: not yet; INTERNAL: it failed
  * (last_error says how). Never waits. */
 attnd_err attnd_stream_query(attnd_backend *b, attnd_stream *s);
+/* cuda: frees that would wait for the whole device (cudaFree, cudaFreeHost, closing a CUDA IPC
+ * mapping), asked for while a stream had work queued (it may wait on a word another process has
+ * not written yet), are put off; run them now if no stream has work queued. Returns how many
+ * are still put off (0 on cpu, which never defers). Never waits. */
+uint32_t attnd_stream_collect(attnd_backend *b);
 /* The cudaIpcMemHandle_t (ATTND_IPC_HANDLE_BYTES into handle) of backend memory at ptr (the
  * start of an attnd_backend_alloc allocation), for another process to map. UNSUPPORTED off
  * cuda, INTERNAL. */

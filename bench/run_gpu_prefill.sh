@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call for the sm90 core's prefill paths (paged, varlen, block-sparse): correctness
+# against the cpu backend, the benchmarks with their mma.sync comparisons, the anchors, and
+# compute-sanitizer, in one script (bench/RESULTS.md, "varlen and block-sparse prefill on the
+# sm90 core").
+#
+# Build here, then stage the four binaries (stripped, packed) with this script beside them:
+#   cmake -S . -B build-dev -DATTND_CUDA=ON \
+#         -DATTND_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+#   cmake --build build-dev -j2 --target gpu_ops bench_ops gpu_paged bench_paged
+#   bench/run_gpu_prefill.sh --stage build-dev ../main/build-prefill-dev
+# and on the device (carry build-prefill-dev and .anchors):
+#   BENCH_WORDS="varlen blocksparse sm80 varlen blocksparse" \
+#   STEPS="ops pagedfull bench benchp anchors sanp sanitize" bash build-prefill-dev/go.sh
+# Sanitizer logs are named 0*.log so that they come back first.
+if [[ ${1:-} == --stage ]]; then
+    src=$2 dst=$3 tmp=$(mktemp -d)
+    mkdir -p "$dst/devlib"
+    for b in tests/gpu/gpu_ops tests/gpu/gpu_paged bench/bench_ops bench/bench_paged; do
+        strip -o "$tmp/$(basename $b)" "$src/$b"
+    done
+    (cd "$tmp" && tar cf - gpu_ops gpu_paged bench_ops bench_paged) | xz -T2 -6 >"$dst/bins.tar.xz"
+    "$(dirname "$0")/../../shared/tools/bundle-libs" "$dst/devlib" "$tmp/gpu_ops" "$tmp/bench_ops"
+    cp "$0" "$dst/go.sh"
+    rm -rf "$tmp"
+    du -sh "$dst"
+    exit 0
+fi
+set -u
+here=$(dirname "$0")
+D=/tmp/pf-bin
+mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/
+export LD_LIBRARY_PATH=$D/devlib
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+date -u +%FT%TZ
+for s in ${STEPS:-ops paged bench benchp anchors}; do
+    t0=$(date +%s)
+    case $s in
+    ops) echo "== gpu_ops"; timeout 200 $D/gpu_ops --seed ${SEED:-7} >"$out/ops.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|gpu_ops:" "$out/ops.log" | head -30 ;;
+    opsq) echo "== gpu_ops --quick"; timeout 100 $D/gpu_ops --quick >"$out/opsq.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|gpu_ops:" "$out/opsq.log" | head -30 ;;
+    ops80) echo "== gpu_ops --core 80"; timeout 120 $D/gpu_ops --core 80 --only varlen >"$out/ops80.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|gpu_ops:" "$out/ops80.log" | head -10 ;;
+    paged) echo "== gpu_paged --reduced"; timeout 120 $D/gpu_paged --reduced ${PAGED_ARGS:-} >"$out/paged.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|gpu_paged:" "$out/paged.log" | head -20 ;;
+    pagedfull) echo "== gpu_paged"; timeout 240 $D/gpu_paged >"$out/pagedfull.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|gpu_paged:" "$out/pagedfull.log" | head -20 ;;
+    bench) echo "== bench_ops"; timeout 150 $D/bench_ops ${BENCH_WORDS:-varlen blocksparse sm80 varlen blocksparse} 2>&1 | tee "$out/bench_ops.log" | grep -E "case=|bench_ops" ;;
+    benchp) echo "== bench_paged prefill"; timeout 120 $D/bench_paged --only prefill 2>&1 | tee "$out/bench_paged.log" | grep -E "^prefill|bench_paged" ;;
+    anchors) echo "== anchors"; OUT= timeout 200 python3 .anchors/anchors/bench_anchors.py >"$out/anchors.log" 2>&1
+        grep -E "^case=(prefill|varlen|blocksparse|ceiling)" "$out/anchors.log" ;;
+    sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
+            timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op >"$out/0_${tool}_$op.log" 2>&1
+            echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;
+    sanp) for tool in memcheck racecheck; do echo "== $tool gpu_paged --reduced"
+            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_paged --reduced >"$out/0p_$tool.log" 2>&1
+            echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_paged:" "$out/0p_$tool.log" | head -6; done ;;
+    esac
+    echo "   ($s: $(( $(date +%s) - t0 )) s)"
+done
+exit 0
