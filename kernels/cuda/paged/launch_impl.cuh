@@ -29,15 +29,15 @@ static cudaError_t attnd_paged_smem_attr(K kernel, int bytes, attnd_smem_optin *
 template <class Tr>
 static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    if (Tr::SMEM_BYTES > l.max_smem) return cudaErrorInvalidConfiguration;
-    cudaError_t e = attnd_paged_smem_attr(attnd_paged_kernel<Tr>, Tr::SMEM_BYTES, l.optin);
+    if (Tr::SMEM_LAUNCH > l.max_smem) return cudaErrorInvalidConfiguration;
+    cudaError_t e = attnd_paged_smem_attr(attnd_paged_kernel<Tr>, Tr::SMEM_LAUNCH, l.optin);
     if (e != cudaSuccess) return e;
     const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
     a.direct = (int64_t)l.max_query_len * a.group <= Tr::BLOCK_M;
     const int64_t gx = a.direct ? S : l.num_tokens * a.group / Tr::BLOCK_M + S;
     if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
     attnd_paged_kernel<Tr><<<dim3((unsigned)gx, (unsigned)H, (unsigned)a.num_segments), Tr::THREADS,
-                             Tr::SMEM_BYTES, l.stream>>>(a);
+                             Tr::SMEM_LAUNCH, l.stream>>>(a);
     return cudaGetLastError();
 }
 

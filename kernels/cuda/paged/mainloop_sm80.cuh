@@ -5,17 +5,19 @@
 //
 // Warps. Prefill: 4 warps split 128 rows (32 each: two m16 tiles share every K/V fragment; head
 // sizes above 128: 64 rows, 16 each), share each K/V tile, and store their rows from registers.
-// Decode: BLOCK_M = 16 rows, 4 warps split each K/V tile's tokens (16 each), keep their own
-// softmax state, and are merged through shared memory at the end. Head sizes are padded to 64,
-// 128 or 256: the padding is zero-filled (no memory traffic) and computed as zeros.
+// Decode: BLOCK_M = 16 rows, 4 warps split each K/V tile's tokens (16 each), load them into
+// their own rows of each stage (no CTA barrier per tile), keep their own softmax state, and are
+// merged through shared memory at the end. Head sizes are padded to 64, 128 or 256: the
+// padding is zero-filled (no memory traffic) and computed as zeros.
 //
 // Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
 // with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
-// of the next stage are fetched one stage ahead. fp8 tiles are converted to f16 in shared memory
-// (exactly: every e4m3 value is an f16) with k_scale folded into the logit scale and v_scale
-// into the output. S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators; the
-// softmax is online in the log2 domain (exp2), masks are evaluated only on tiles that need them,
-// and tiles a warp cannot see are skipped.
+// of the next stage are fetched one stage ahead. fp8 values become f16 exactly (every e4m3 value
+// is an f16), k_scale folded into the logit scale and v_scale into the output: prefill converts
+// its K and V tiles in shared memory; decode reads K fragments straight from the fp8 stage and
+// converts only V (ldmatrix.trans needs 16-bit rows). S = Q K^T and O += P V run on mma.sync
+// m16n8k16 with f32 accumulators; the softmax is online in the log2 domain (exp2), masks are
+// evaluated only on tiles that need them, and tiles a warp cannot see are skipped.
 #ifndef ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 #define ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 
@@ -24,6 +26,21 @@
 #include "paged/epilogue.cuh"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
+
+// Shared-memory loads by address (8 and 16 bytes).
+__device__ __forceinline__ void attnd_lds64(uint32_t addr, uint32_t *a, uint32_t *b)
+{
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(*a), "=r"(*b) : "r"(addr));
+}
+
+__device__ __forceinline__ uint4 attnd_lds128(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
 
 // ------------------------------------------------------------------ tile configuration
 
@@ -51,19 +68,31 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int SUB = MT == 2 ? 32 : NW;
     static constexpr bool Q_IN_REGS = MT == 1 && D_PAD <= 128;
     static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
+    // fp8 decode: K fragments straight from the fp8 stage, only V converted (for ldmatrix.trans)
+    static constexpr bool K_DIRECT = FP8 && DECODE;
+    // fp8 decode at head sizes <= 128 ("slim"): 3 stages and registers capped at 168 (the launch
+    // bounds of three CTAs per SM), but launched with two CTAs' share of shared memory per SM
+    // (SMEM_LAUNCH): three CTAs per SM measured slower where they move the wave boundaries
+    static constexpr bool SLIM = K_DIRECT && D_PAD <= 128;
+    static constexpr int MIN_BLOCKS = SLIM ? 3 : 1; // __launch_bounds__
 
     static constexpr int KV_BYTES = FP8 ? 1 : 2;
     static constexpr int ROW_RAW = D_PAD * KV_BYTES; // bytes of a K/V row as loaded
     static constexpr int ROW16 = D_PAD * 2;          // bytes of a 16-bit row
     static constexpr int CPR = ROW_RAW / 16;         // 16-byte chunks per loaded row
     static constexpr int TILE_RAW = BLOCK_N * ROW_RAW;
-    static constexpr int ROWS_PER_PASS = THREADS / CPR;
-    static constexpr int LOAD_ITERS = BLOCK_N / ROWS_PER_PASS;
-    // fp8 tiles are converted to f16 copies (decode: each warp its own tokens)
-    static constexpr int CONV_BYTES = FP8 ? 2 * BLOCK_N * ROW16 : 0;
+    // decode: each warp loads its own NW tokens of a tile (no CTA barrier per tile); prefill:
+    // the CTA loads the whole tile
+    static constexpr int LOADERS = DECODE ? 32 : THREADS;
+    static constexpr int LOAD_ROWS = DECODE ? NW : BLOCK_N;
+    static constexpr int ROWS_PER_PASS = LOADERS / CPR;
+    static constexpr int LOAD_ITERS = LOAD_ROWS / ROWS_PER_PASS;
+    // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
+    static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
-    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each)
-    static constexpr int NSTAGES_FIT = (113 * 1024 - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
+    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each; slim: ~74 KB)
+    static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
+    static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
     static constexpr int NSTAGES =
         DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
@@ -73,75 +102,89 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int EPI_STRIDE = D_PAD + 8; // floats per row of the epilogue buffer
     static constexpr int EPI_BYTES = WARPS_N * BLOCK_M * (EPI_STRIDE + 2) * 4;
     static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+    // what a launch asks for: slim tiles more than a third of the SM's 228 KB (two CTAs per SM)
+    static constexpr int SMEM_LAUNCH = SLIM && SMEM_BYTES < 80 * 1024 ? 80 * 1024 : SMEM_BYTES;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
     static_assert(WARPS_M == 1 || WARPS_N == 1, "warps split rows or tokens, not both");
     static_assert(NW % 16 == 0 && SUB % 16 == 0 && NW % SUB == 0, "whole k16 steps");
     static_assert(!(FP8 && WARPS_N > 1) || SUB == NW, "per-warp fp8 conversion covers SUB");
-    static_assert(THREADS % CPR == 0 && BLOCK_N % ROWS_PER_PASS == 0, "load slots tile exactly");
+    static_assert(LOADERS % CPR == 0 && LOAD_ROWS % ROWS_PER_PASS == 0, "load slots tile exactly");
     static_assert(ROW16 % 128 == 0, "swizzle needs rows of >= 8 chunks");
     static_assert(NSTAGES >= 2, "pipeline depth");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    static_assert(!SLIM || SMEM_BYTES <= SM_SHARE, "slim tiles fit their share");
     static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
+    static_assert(!FP8 || ROWS_PER_PASS % 2 == 0, "a loader slot keeps its row parity");
+
+    // Byte offset of 16-byte chunk ch of row r in an fp8 stage: odd rows XOR the chunk with 4
+    // (rows of >= 8 chunks), so 16-byte reads of rows r and r + 1 in one quarter-warp (the
+    // direct K fragments) hit distinct banks.
+    static __device__ __forceinline__ int raw_off(int r, int ch)
+    {
+        return r * ROW_RAW + ((ch ^ (CPR >= 8 ? (r & 1) << 2 : 0)) << 4);
+    }
 };
 
-// fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (rows of ROW_RAW bytes) -> f16 rows
-// (swizzled, ROW16 bytes) of dk and dv, by NTHREADS threads (this one is i0). Up to MAXB 16-byte
-// chunks per batch are loaded before any is converted, so their shared-memory latencies overlap
-// (decode: 8). MAXB 0: one chunk at a time in a rolled loop (prefill, whose two m-tiles of O
-// accumulators leave no registers for more).
-template <class Tr, int NROWS, int NTHREADS, int MAXB>
+// One 16-byte chunk of e4m3 codes -> two 16-byte chunks of f16 (exact).
+__device__ __forceinline__ void attnd_fp8x16_to_f16(uint4 w4, uint4 *lo, uint4 *hi)
+{
+    const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+    uint32_t h[8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
+        h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
+    }
+    *lo = make_uint4(h[0], h[1], h[2], h[3]);
+    *hi = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+// fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (Tr::raw_off) -> f16 rows (swizzled, ROW16
+// bytes) of dk and dv (V_ONLY: of V alone), by NTHREADS threads (this one is i0). Up to MAXB
+// 16-byte chunks per batch are loaded before any is converted, so their shared-memory latencies
+// overlap (decode: 8). MAXB 0: one chunk at a time in a rolled loop (prefill, whose two m-tiles
+// of O accumulators leave no registers for more).
+template <class Tr, int NROWS, int NTHREADS, int MAXB, bool V_ONLY>
 __device__ __forceinline__ void attnd_fp8_tiles_to_f16(const unsigned char *rk,
                                                        const unsigned char *rv, unsigned char *dk,
                                                        unsigned char *dv, int r0, int i0)
 {
-    constexpr int CPR = Tr::CPR, PER = NROWS * CPR; // chunks per matrix
+    constexpr int CPR = Tr::CPR, PER = NROWS * CPR, ALL = V_ONLY ? PER : 2 * PER;
     if (MAXB == 0) {
 #pragma unroll 1
-        for (int c = i0; c < 2 * PER; c += NTHREADS) {
-            const int which = c >= PER, cc = which ? c - PER : c;
+        for (int c = i0; c < ALL; c += NTHREADS) {
+            const int which = V_ONLY || c >= PER, cc = c >= PER ? c - PER : c;
             const int r = r0 + cc / CPR, ch = cc % CPR;
-            const uint4 w4 = *(const uint4 *)((which ? rv : rk) + r * Tr::ROW_RAW + ch * 16);
-            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-            uint32_t h[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
-                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
-            }
+            uint4 lo, hi;
+            attnd_fp8x16_to_f16(*(const uint4 *)((which ? rv : rk) + Tr::raw_off(r, ch)), &lo, &hi);
             unsigned char *d = which ? dv : dk;
-            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
-            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
-                make_uint4(h[4], h[5], h[6], h[7]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = lo;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) = hi;
         }
         return;
     }
-    constexpr int ITER = 2 * PER / NTHREADS, BATCH = MAXB < 1 ? 1 : (ITER < MAXB ? ITER : MAXB);
-    static_assert(ITER * NTHREADS == 2 * PER && ITER % BATCH == 0, "conversion slots tile exactly");
+    constexpr int ITER = ALL / NTHREADS, BATCH = MAXB < 1 ? 1 : (ITER < MAXB ? ITER : MAXB);
+    static_assert(ITER * NTHREADS == ALL && ITER % BATCH == 0, "conversion slots tile exactly");
 #pragma unroll
     for (int b0 = 0; b0 < ITER; b0 += BATCH) {
         uint4 w4[BATCH];
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
-            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
-            w4[b] = *(const uint4 *)((which ? rv : rk) + (r0 + cc / CPR) * Tr::ROW_RAW +
-                                     (cc % CPR) * 16);
+            const int c = i0 + (b0 + b) * NTHREADS;
+            const int which = V_ONLY || c >= PER, cc = c >= PER ? c - PER : c;
+            w4[b] = *(const uint4 *)((which ? rv : rk) + Tr::raw_off(r0 + cc / CPR, cc % CPR));
         }
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
-            const int c = i0 + (b0 + b) * NTHREADS, which = c >= PER, cc = which ? c - PER : c;
+            const int c = i0 + (b0 + b) * NTHREADS;
+            const int which = V_ONLY || c >= PER, cc = c >= PER ? c - PER : c;
             const int r = r0 + cc / CPR, ch = cc % CPR;
-            const uint32_t w[4] = {w4[b].x, w4[b].y, w4[b].z, w4[b].w};
-            uint32_t h[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                h[2 * k] = attnd_fp8x2_to_half2((uint16_t)(w[k] & 0xffffu));
-                h[2 * k + 1] = attnd_fp8x2_to_half2((uint16_t)(w[k] >> 16));
-            }
+            uint4 lo, hi;
+            attnd_fp8x16_to_f16(w4[b], &lo, &hi);
             unsigned char *d = which ? dv : dk;
-            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = make_uint4(h[0], h[1], h[2], h[3]);
-            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) =
-                make_uint4(h[4], h[5], h[6], h[7]);
+            *(uint4 *)(d + attnd_swz(r, 2 * ch, Tr::ROW16)) = lo;
+            *(uint4 *)(d + attnd_swz(r, 2 * ch + 1, Tr::ROW16)) = hi;
         }
     }
 }
@@ -155,11 +198,12 @@ template <class Tr> struct attnd_kv_loader {
     int row0, chunk, bs_mask, nbytes_ok;
     bool vec16;
 
-    __device__ __forceinline__ void init(const attnd_paged_kargs &a, int tid, int kvh,
+    // slot: the thread's index among the LOADERS threads of its tile rows from rbase
+    __device__ __forceinline__ void init(const attnd_paged_kargs &a, int slot, int rbase, int kvh,
                                          uint32_t spipe)
     {
-        chunk = tid % Tr::CPR;
-        row0 = tid / Tr::CPR;
+        chunk = slot % Tr::CPR;
+        row0 = rbase + slot / Tr::CPR;
         this->spipe = spipe;
         const int elems = Tr::FP8 ? 16 : 8, e0 = chunk * elems;
         const attnd_tensor &k = a.p.k_cache, &v = a.p.v_cache;
@@ -174,8 +218,8 @@ template <class Tr> struct attnd_kv_loader {
         vcoff = (kvh * (int32_t)v.strides[2] + e0) * Tr::KV_BYTES;
         bs_mask = (1 << a.bs_log2) - 1;
         vec16 = !Tr::FP8 || a.kv_vec16;
-        sdst = spipe + (Tr::FP8 ? (uint32_t)(row0 * Tr::ROW_RAW + chunk * 16)
-                                : attnd_swz(row0, chunk, Tr::ROW_RAW));
+        sdst = spipe +
+               (Tr::FP8 ? (uint32_t)Tr::raw_off(row0, chunk) : attnd_swz(row0, chunk, Tr::ROW_RAW));
     }
 
     // Copy the tile of tokens t0.. into stage buffer buf; pages[i] < 0: zero-fill (past the range).
@@ -342,29 +386,22 @@ __device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::SUB / 
 }
 
 // Epilogue through shared memory (warps that split the tokens, partial 3D outputs, unaligned
-// outputs): per-warp O, m, l -> smem, then per row the warps' states merged, normalised and
-// stored (final output and LSE, or the segment's partial).
+// outputs): per-warp O, m, l -> smem (attnd_sm80_stash), then per row the warps' states merged
+// (attnd_sm80_combine), normalised and stored (attnd_sm80_store_row: final output and LSE, or
+// the segment's partial). eo: WARPS_N x BLOCK_M rows of EPI_STRIDE floats; eml: (m, l) pairs.
 template <class Tr>
 __device__ __forceinline__ void
-attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
-                       const float (&o)[Tr::MT][Tr::D_PAD / 8][4], const float (&m_r)[Tr::MT][2],
-                       const float (&l_r)[Tr::MT][2], int wm, int wn, int row0, int rows_total,
-                       int q_start, int kvh, int seg, int tid)
+attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::D_PAD / 8][4],
+                 const float (&m_r)[Tr::MT][2], const float (&l_r)[Tr::MT][2], int wm, int wn,
+                 int lane)
 {
-    constexpr int BLOCK_M = Tr::BLOCK_M, D_PAD = Tr::D_PAD;
-    const attnd_paged_params &p = a.p;
-    const int lane = tid & 31, g8 = lane >> 2, t4 = lane & 3, g = a.group;
-    const bool partial = a.num_segments > 1;
-    const int d_act = (int)p.q.shape[2];
-    __syncthreads();
-    float *eo = (float *)smem;
-    float *eml = eo + Tr::WARPS_N * BLOCK_M * Tr::EPI_STRIDE;
+    const int g8 = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < Tr::MT; mt++) {
         const float lq0 = attnd_quad_sum(l_r[mt][0]), lq1 = attnd_quad_sum(l_r[mt][1]);
-        const int rbase = wn * BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
+        const int rbase = wn * Tr::BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
 #pragma unroll
-        for (int n = 0; n < D_PAD / 8; n++) {
+        for (int n = 0; n < Tr::D_PAD / 8; n++) {
             const int col = n * 8 + 2 * t4;
             *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
             *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
@@ -377,54 +414,91 @@ attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
             eml[2 * (rbase + 8) + 1] = lq1;
         }
     }
-    __syncthreads();
+}
 
-    constexpr int C4 = D_PAD / 4;
+// Row r, columns c4 * 4 .. + 3: the warps' states merged. M: the row's max; Ms: the max v and
+// L are relative to (attnd_softmax_safe_max of M); v: the unnormalised output.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_combine(const float *eo, const float *eml, int r, int c4,
+                                                   float *M, float *Ms, float *L, float (&v)[4])
+{
+    float m = attnd_neg_inf();
+#pragma unroll
+    for (int w = 0; w < Tr::WARPS_N; w++)
+        m = fmaxf(m, eml[2 * (w * Tr::BLOCK_M + r)]);
+    const float ms = attnd_softmax_safe_max(m);
+    float l = 0.0f;
+    v[0] = v[1] = v[2] = v[3] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Tr::WARPS_N; w++) {
+        const float wt = attnd_exp2(eml[2 * (w * Tr::BLOCK_M + r)] - ms);
+        l += wt * eml[2 * (w * Tr::BLOCK_M + r) + 1];
+        const float4 x = *(const float4 *)(eo + (w * Tr::BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
+        v[0] += wt * x.x;
+        v[1] += wt * x.y;
+        v[2] += wt * x.z;
+        v[3] += wt * x.w;
+    }
+    *M = m;
+    *Ms = ms;
+    *L = l;
+}
+
+// Store columns c4 * 4 .. + 3 of packed row idx, merged (M, Ms, L, v as attnd_sm80_combine
+// gives them): normalised into the output (the sink folded in) and its LSE, or as segment
+// seg's partial (normalised, with its max and sum) when the op splits the context.
+__device__ __forceinline__ void attnd_sm80_store_row(const attnd_paged_kargs &a, int idx, int c4,
+                                                     float M, float Ms, float L, float (&v)[4],
+                                                     int q_start, int kvh, int seg)
+{
+    const attnd_paged_params &p = a.p;
+    const bool partial = a.num_segments > 1;
+    const int tok = q_start + idx / a.group, head = kvh * a.group + idx % a.group;
+    float Mf = Ms; // the final row's max (the sink folded in), what v and L are relative to
+    const float sink = partial ? 1.0f : attnd_paged_sink(a, head, &Mf, &L);
+    const float inv = L > 0.0f ? sink * a.out_scale / L : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        v[k] *= inv;
+    if (!partial) {
+        attnd_stN<4>(p.out.data, p.out.dtype,
+                     (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] + c4 * 4,
+                     a.out_vec != 0, v);
+        if (p.out_lse.data && c4 == 0)
+            ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
+                                      (int64_t)tok * p.out_lse.strides[1]] =
+                attnd_softmax_lse(Mf, L);
+    } else {
+        const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
+        *(float4 *)(a.ws_o + R * p.q.shape[2] + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        if (c4 == 0) {
+            a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
+            a.ws_l[R] = L;
+        }
+    }
+}
+
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
+                       const float (&o)[Tr::MT][Tr::D_PAD / 8][4], const float (&m_r)[Tr::MT][2],
+                       const float (&l_r)[Tr::MT][2], int wm, int wn, int row0, int rows_total,
+                       int q_start, int kvh, int seg, int tid)
+{
+    constexpr int C4 = Tr::D_PAD / 4;
+    const int d_act = (int)a.p.q.shape[2];
+    float *eo = (float *)smem;
+    float *eml = eo + Tr::WARPS_N * Tr::BLOCK_M * Tr::EPI_STRIDE;
+    __syncthreads();
+    attnd_sm80_stash<Tr>(eo, eml, o, m_r, l_r, wm, wn, tid & 31);
+    __syncthreads();
 #pragma unroll 1
-    for (int c = tid; c < BLOCK_M * C4; c += Tr::THREADS) {
+    for (int c = tid; c < Tr::BLOCK_M * C4; c += Tr::THREADS) {
         const int r = c / C4, c4 = c % C4;
-        const int idx = row0 + r;
-        if (idx >= rows_total || c4 * 4 >= d_act) continue;
-        float M = attnd_neg_inf();
-#pragma unroll
-        for (int w = 0; w < Tr::WARPS_N; w++)
-            M = fmaxf(M, eml[2 * (w * BLOCK_M + r)]);
-        const float Ms = attnd_softmax_safe_max(M);
-        float L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < Tr::WARPS_N; w++) {
-            const float wt = attnd_exp2(eml[2 * (w * BLOCK_M + r)] - Ms);
-            L += wt * eml[2 * (w * BLOCK_M + r) + 1];
-            float4 x = *(const float4 *)(eo + (w * BLOCK_M + r) * Tr::EPI_STRIDE + c4 * 4);
-            v[0] += wt * x.x;
-            v[1] += wt * x.y;
-            v[2] += wt * x.z;
-            v[3] += wt * x.w;
-        }
-        const int tok = q_start + idx / g, head = kvh * g + idx % g;
-        float Mf = Ms; // the final row's max (the sink folded in), what v and L are relative to
-        const float sink = partial ? 1.0f : attnd_paged_sink(a, head, &Mf, &L);
-        const float inv = L > 0.0f ? sink * a.out_scale / L : 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            v[k] *= inv;
-        if (!partial) {
-            attnd_stN<4>(p.out.data, p.out.dtype,
-                         (int64_t)tok * p.out.strides[0] + (int64_t)head * p.out.strides[1] +
-                             c4 * 4,
-                         a.out_vec != 0, v);
-            if (p.out_lse.data && c4 == 0)
-                ((float *)p.out_lse.data)[(int64_t)head * p.out_lse.strides[0] +
-                                          (int64_t)tok * p.out_lse.strides[1]] =
-                    attnd_softmax_lse(Mf, L);
-        } else {
-            const int64_t R = ((int64_t)tok * p.q.shape[1] + head) * a.num_segments + seg;
-            *(float4 *)(a.ws_o + R * d_act + c4 * 4) = make_float4(v[0], v[1], v[2], v[3]);
-            if (c4 == 0) {
-                a.ws_m[R] = L > 0.0f ? M : attnd_neg_inf();
-                a.ws_l[R] = L;
-            }
-        }
+        if (row0 + r >= rows_total || c4 * 4 >= d_act) continue;
+        float M, Ms, L, v[4];
+        attnd_sm80_combine<Tr>(eo, eml, r, c4, &M, &Ms, &L, v);
+        attnd_sm80_store_row(a, row0 + r, c4, M, Ms, L, v, q_start, kvh, seg);
     }
 }
 
@@ -500,6 +574,62 @@ attnd_sm80_qk(float (&s)[Tr::MT][Tr::SUB / 8][4],
     }
 }
 
+// Direct fp8 K fragments. Q K^T sums over the head dimension, so any order of it serves if Q
+// and K agree: k-step kk = 4c + s of 64-column group c takes, in lane (g, t), the K columns
+// 64c + 16t + 4s + 0..3 (4 bytes of the 16 the lane reads at once) as B[2t..][g] and
+// B[2t+8..][g], and the same Q columns as A.
+// The A fragment of k-step kk for rows g and g + 8 of Q (swizzled, compute type, at sq_a).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_q_frag_k8(uint32_t sq_a, int kk, int lane,
+                                                     uint32_t (&af)[4])
+{
+    const int g8 = lane >> 2, t4 = lane & 3, c = kk >> 2, s = kk & 3;
+    const int ch = 8 * c + 2 * t4 + (s >> 1), off = 8 * (s & 1);
+    attnd_lds64(sq_a + attnd_swz(g8, ch, Tr::ROW16) + off, &af[0], &af[2]);
+    attnd_lds64(sq_a + attnd_swz(g8 + 8, ch, Tr::ROW16) + off, &af[1], &af[3]);
+}
+
+// S = Q K^T for SUB keys from the fp8 stage: k_a is this lane's K row (g, in n-tile 0) at
+// chunk t, kx its swizzle (Tr::raw_off: 64 in odd rows); Q from registers (qf, in the order above)
+// or from sq_a.
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::SUB / 8][4],
+                 const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t sq_a,
+                 int lane, uint32_t k_a, uint32_t kx)
+{
+    typedef typename Tr::TC TC;
+    static_assert(Tr::MT == 1 && Tr::K_DIRECT, "decode tiles");
+#pragma unroll
+    for (int n = 0; n < Tr::SUB / 8; n++)
+        s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < Tr::D_PAD / 64; c++) {
+        uint4 w[Tr::SUB / 8];
+#pragma unroll
+        for (int n = 0; n < Tr::SUB / 8; n++)
+            w[n] = attnd_lds128(k_a + n * 8 * Tr::ROW_RAW + ((uint32_t)(64 * c) ^ kx));
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int kk = 4 * c + q;
+            uint32_t af[4];
+            if (Tr::Q_IN_REGS) {
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    af[x] = qf[Tr::Q_IN_REGS ? kk : 0][x];
+            } else {
+                attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, af);
+            }
+#pragma unroll
+            for (int n = 0; n < Tr::SUB / 8; n++) {
+                const uint32_t x = q == 0 ? w[n].x : (q == 1 ? w[n].y : (q == 2 ? w[n].z : w[n].w));
+                attnd_mma<TC>::run(s[0][n], af, attnd_fp8x2_to_half2((uint16_t)(x & 0xffffu)),
+                                   attnd_fp8x2_to_half2((uint16_t)(x >> 16)));
+            }
+        }
+    }
+}
+
 // O += P V: P from the probabilities s (compute type), V rows at v_a (ldmatrix.trans).
 template <class Tr>
 __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][4],
@@ -533,7 +663,8 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
 // ------------------------------------------------------------------ kernel
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd_paged_kargs a)
+__global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
+    attnd_paged_kernel(const attnd_paged_kargs a)
 {
     typedef typename Tr::TC TC;
     constexpr int D_PAD = Tr::D_PAD, BLOCK_M = Tr::BLOCK_M, BLOCK_N = Tr::BLOCK_N;
@@ -589,17 +720,17 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     const uint32_t spipe_a = attnd_smem_addr(spipe);
     const uint32_t sconv_a = attnd_smem_addr(sconv);
 
-    // ---- K/V loader: thread's slots are chunk tid % CPR of rows tid / CPR + i * ROWS_PER_PASS.
+    // ---- K/V loader: thread's slots are chunk slot % CPR of rows slot / CPR + i * ROWS_PER_PASS
+    // (decode: slot = lane, from the warp's first row; prefill: slot = tid).
     // Byte offsets within a page fit 32 bits (checked by the host); page * stride is 32x32->64.
     attnd_kv_loader<Tr> ld;
-    ld.init(a, tid, kvh, spipe_a);
+    ld.init(a, Tr::DECODE ? lane : tid, Tr::DECODE ? wn * NW : 0, kvh, spipe_a);
     const int32_t *bt =
         (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
     const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
     const int bs_log2 = a.bs_log2;
     const int32_t nblocks32 = a.nblocks32;
     const bool kv_same = a.kv_same != 0;
-
     int pg[LOAD_ITERS];
     auto fetch_pages = [&](int stage, int *out) {
         const int t0 = lo + stage * BLOCK_N;
@@ -661,9 +792,16 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
     if (Tr::Q_IN_REGS) {
 #pragma unroll
-        for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++)
-            attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
+        for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++) {
+            if (Tr::K_DIRECT)
+                attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, qf[kk]);
+            else
+                attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
+        }
     }
+    // fp8 decode: this lane's K row (g8 of the warp's first n-tile) in a stage, and its swizzle
+    const uint32_t k8_lane = (uint32_t)((wn * NW + g8) * Tr::ROW_RAW + 16 * t4);
+    const uint32_t k8_x = (uint32_t)(Tr::CPR >= 8 ? (g8 & 1) << 6 : 0);
 
     float o[MT][D_PAD / 8][4];
 #pragma unroll
@@ -682,7 +820,10 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
     int buf = 0, ibuf = NSTAGES - 1; // stage buffers of tile j and of tile j + NSTAGES - 1
     for (int j = 0; j < ntiles; j++) {
         attnd_cp_async_wait<NSTAGES - 2>();
-        __syncthreads();
+        if (Tr::DECODE)
+            __syncwarp(); // the warp's own rows: loaded by it, read by it
+        else
+            __syncthreads();
         if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, ibuf, pg);
         attnd_cp_async_commit();
         fetch_pages(j + NSTAGES, pg);
@@ -691,8 +832,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
         uint32_t kt_a = spipe_a + buf * 2 * Tr::TILE_RAW, vt_a = kt_a + Tr::TILE_RAW;
         if (Tr::FP8 && Tr::WARPS_N == 1) {
             // prefill: the CTA converts the whole K and V tiles (every warp reads all of them)
-            attnd_fp8_tiles_to_f16<Tr, BLOCK_N, Tr::THREADS, 0>(rk, rv, sconv,
-                                                                sconv + BLOCK_N * ROW16, 0, tid);
+            attnd_fp8_tiles_to_f16<Tr, BLOCK_N, Tr::THREADS, 0, false>(
+                rk, rv, sconv, sconv + BLOCK_N * ROW16, 0, tid);
             __syncthreads();
             kt_a = sconv_a;
             vt_a = sconv_a + BLOCK_N * ROW16;
@@ -707,19 +848,19 @@ __global__ void __launch_bounds__(Tr::THREADS, 1) attnd_paged_kernel(const attnd
                 continue; // nothing visible to this warp's rows
             const bool need_mask = !attnd_paged_unmasked(t0, t1, hi, wpos_min, wpos_max, sw);
 
-            if (Tr::FP8 && Tr::WARPS_N > 1) {
-                // decode: the warp converts its own tokens (SUB == NW)
-                __syncwarp();
-                attnd_fp8_tiles_to_f16<Tr, NW, 32, 8>(rk, rv, sconv, sconv + BLOCK_N * ROW16,
-                                                      wn * NW, lane);
-                __syncwarp();
-                kt_a = sconv_a;
-                vt_a = sconv_a + BLOCK_N * ROW16;
-            }
-
             // S = Q K^T (MT x 16 rows x SUB tokens)
             float s[MT][SUB / 8][4];
-            attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16, kx);
+            if constexpr (Tr::K_DIRECT) {
+                // decode: K straight from the fp8 stage; the warp converts its own V rows
+                // (SUB == NW) for ldmatrix.trans
+                __syncwarp();
+                attnd_fp8_tiles_to_f16<Tr, NW, 32, 8, true>(rk, rv, sconv, sconv, wn * NW, lane);
+                attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, kt_a + k8_lane, k8_x);
+                __syncwarp();
+                vt_a = sconv_a;
+            } else {
+                attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16, kx);
+            }
 
             // logits (log2 domain) with masks, then the online softmax
             const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, t4, need_mask);
