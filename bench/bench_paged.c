@@ -253,8 +253,19 @@ typedef struct result {
     int segments;
 } result;
 
-static result g_res[48];
+#define MAX_RESULTS 96
+static result g_res[MAX_RESULTS];
 static int g_nres;
+
+/* The next result row; the table has room for every case this bench runs (checked). */
+static result *next_result(void)
+{
+    if (g_nres == MAX_RESULTS) {
+        fprintf(stderr, "bench_paged: more than %d results: raise MAX_RESULTS\n", MAX_RESULTS);
+        exit(1);
+    }
+    return &g_res[g_nres++];
+}
 static const char *g_only;
 
 static int selected(const char *kind, const char *dt, int batch, int n)
@@ -283,7 +294,7 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     double bytes = (double)batch * ctx * HK * HD * 2 * (double)attnd_dtype_size(cache_dt);
     int iters = quick ? 30 : 200;
     float ms = time_op(sets, nsets, chosen, 20, iters);
-    result *r = &g_res[g_nres++];
+    result *r = next_result();
     snprintf(r->name, sizeof r->name, "decode %s %d x %d", attnd_dtype_name(cache_dt), batch, ctx);
     r->ms = ms;
     r->figure = bytes / ms / 1e6;
@@ -335,7 +346,7 @@ static void bench_prefill(int batch, int L, int quick)
         c->paged_core = variants[v].core;
         c->sm90_off = variants[v].off;
         float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
-        result *r = &g_res[g_nres++];
+        result *r = next_result();
         snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s%s", batch, L,
                  v ? ", " : "", v ? variants[v].tag : "",
                  round == 1 ? " (2)" : (round == 2 ? " (3)" : ""));
