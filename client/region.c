@@ -91,7 +91,8 @@ attnd_err attnd_client_region_register_cuda_ptr(attnd_client *c, uint32_t region
                                  "register_region: nbytes %llu past the end of the allocation "
                                  "(%llu bytes from ptr)",
                                  (unsigned long long)nbytes, (unsigned long long)(n - (p - b)));
-    if ((rv = attnd_client_region_register_cuda(c, region, &h, p - b + nbytes, dev)) != ATTND_ERR_OK)
+    if ((rv = attnd_client_region_register_cuda(c, region, &h, p - b + nbytes, dev)) !=
+        ATTND_ERR_OK)
         return rv;
     if (base != NULL) *base = b;
     return ATTND_ERR_OK;
