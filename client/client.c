@@ -12,7 +12,10 @@ attnd_err attnd_client_alloc(attnd_client **cp, const attnd_client_opts *opts)
     attnd_err rv;
     *cp = NULL;
     if (c == NULL) return ATTND_ERR_NO_MEMORY;
-    if ((rv = attnd_client_socket_alloc(&c->socket)) != ATTND_ERR_OK) {
+    pthread_mutex_init(&c->streams_mu, NULL);
+    if ((rv = attnd_client_socket_alloc(&c->socket, attnd_client_streams_lost, c)) !=
+        ATTND_ERR_OK) {
+        pthread_mutex_destroy(&c->streams_mu);
         free(c);
         return rv;
     }
@@ -41,6 +44,7 @@ void attnd_client_free(attnd_client *c)
     attnd_client_channel_drop(c);
     attnd_client_socket_transport.free(c->socket);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->streams_mu);
     attnd_client_layers_free(&c->hello_layers);
     attnd_client_layers_free(&c->status_layers);
     attnd_client_expect_free(c);

@@ -48,6 +48,8 @@ struct attnd_client {
     attnd_layer_opts *expect_layers;
     float *expect_values;
     int have_expect;
+    pthread_mutex_t streams_mu;          /* guards streams (the socket's lost hook walks it) */
+    struct attnd_client_stream *streams; /* open stream channels (stream.c) */
 };
 
 /* snprintf's "%s" of src (NULL = ""), always terminated. */
@@ -55,6 +57,12 @@ static inline void attnd_client_copy_str(char *dst, size_t cap, const char *src)
 {
     snprintf(dst, cap, "%s", src != NULL ? src : "");
 }
+
+/* ---------------------------------------------------------------- stream.c */
+
+/* The connection dropped: every open stream channel writes its own o words, so that no wait
+ * queued on a worker's stream outlives the daemon (the socket's lost hook, an NNG thread). */
+void attnd_client_streams_lost(void *client);
 
 /* ---------------------------------------------------------------- call.c */
 

@@ -17,6 +17,7 @@ typedef struct sym {
 
 static const sym syms[] = {
     SYM(ctx_get_current, "cuCtxGetCurrent"),
+    SYM(ctx_set_current, "cuCtxSetCurrent"),
     SYM(ctx_get_device, "cuCtxGetDevice"),
     SYM(mem_alloc, "cuMemAlloc_v2"),
     SYM(mem_free, "cuMemFree_v2"),

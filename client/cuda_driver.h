@@ -22,6 +22,7 @@ typedef struct attnd_cu_ipc_handle {
 typedef struct attnd_cu_driver {
     void *lib;
     attnd_cu_result (*ctx_get_current)(attnd_cu_context *);
+    attnd_cu_result (*ctx_set_current)(attnd_cu_context);
     attnd_cu_result (*ctx_get_device)(int *);
     attnd_cu_result (*mem_alloc)(attnd_cu_devptr *, size_t);
     attnd_cu_result (*mem_free)(attnd_cu_devptr);

@@ -23,7 +23,10 @@ struct attnd_client_socket {
     nng_socket sock;
     pthread_mutex_t mu; /* guards free_slots, busy and lost */
     call_slot *free_slots, *busy;
-    int lost; /* the connection dropped: the session is gone, every call fails */
+    int lost;    /* the connection dropped: the session is gone, every call fails */
+    int closing; /* socket_free began: lost_cb is not called any more */
+    attnd_client_socket_lost_cb lost_cb;
+    void *lost_arg;
 };
 
 /* The connection dropped (the daemon exited or closed it): the session died with it, so fail
@@ -37,15 +40,20 @@ static void socket_pipe_removed_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     s->lost = 1;
     for (call_slot *slot = s->busy; slot != NULL; slot = slot->next)
         nng_aio_cancel(slot->aio);
+    /* under mu, so that socket_free cannot run past it while the owner is told */
+    if (!s->closing && s->lost_cb != NULL) s->lost_cb(s->lost_arg);
     pthread_mutex_unlock(&s->mu);
 }
 
-attnd_err attnd_client_socket_alloc(attnd_client_socket **out)
+attnd_err attnd_client_socket_alloc(attnd_client_socket **out, attnd_client_socket_lost_cb lost,
+                                    void *arg)
 {
     attnd_client_socket *s = calloc(1, sizeof *s);
     int rv;
     *out = NULL;
     if (s == NULL) return ATTND_ERR_NO_MEMORY;
+    s->lost_cb = lost;
+    s->lost_arg = arg;
     pthread_mutex_init(&s->mu, NULL);
     if ((rv = nng_req0_open(&s->sock)) != 0) goto fail;
     /* Requests are not idempotent: never resend one. Replies may carry large inline outputs. */
@@ -67,6 +75,9 @@ static void socket_free(void *self)
 {
     attnd_client_socket *s = self;
     if (s == NULL) return;
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_mutex_unlock(&s->mu);
     while (s->free_slots != NULL) {
         call_slot *slot = s->free_slots;
         s->free_slots = slot->next;

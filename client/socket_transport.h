@@ -10,9 +10,15 @@
 
 typedef struct attnd_client_socket attnd_client_socket;
 
-/* Open a REQ socket that never resends a request and takes replies of any size. The NNG error
- * mapped (attnd_err_from_nng), or NO_MEMORY. */
-attnd_err attnd_client_socket_alloc(attnd_client_socket **s);
+/* Called once the daemon's end of the connection drops (on an NNG thread; never after the
+ * socket is freed): the owner releases what waits on the daemon outside a call (stream.c). */
+typedef void (*attnd_client_socket_lost_cb)(void *arg);
+
+/* Open a REQ socket that never resends a request and takes replies of any size; lost (may be
+ * NULL) is called with arg when the connection drops. The NNG error mapped
+ * (attnd_err_from_nng), or NO_MEMORY. */
+attnd_err attnd_client_socket_alloc(attnd_client_socket **s, attnd_client_socket_lost_cb lost,
+                                    void *arg);
 /* Dial url (synchronous). ca_file / server_name ("" = none) for tls+tcp:// URLs, where a CA is
  * required. On failure err says why (without the URL): the NNG error mapped, or
  * INVALID_ARGUMENT for TLS settings. */

@@ -20,7 +20,8 @@ struct attnd_client_stream {
     attnd_client *c;
     uint32_t id, layers, timeout_ms;
     int cuda;   /* a CUDA daemon: flag words in device memory */
-    int failed; /* a step was released: only close is left */
+    int failed; /* a step was released: only close is left (atomic: the lost hook sets it) */
+    struct attnd_client_stream *next; /* the client's open channels (streams_mu) */
     /* CPU daemon */
     attnd_shm o_shm;
     uint32_t *qkv_host;
@@ -30,6 +31,7 @@ struct attnd_client_stream {
     attnd_cu_devptr o_dev, qkv_dev;
     uint32_t o_region;
     attnd_cu_stream release; /* the worker's own releases of its o words */
+    attnd_cu_context ctx;    /* where o_dev and release live (the lost hook's thread has none) */
 };
 
 static size_t flag_bytes(uint32_t layers)
@@ -57,6 +59,7 @@ static attnd_err o_cuda(attnd_client_stream *s)
     if (rv == ATTND_ERR_OK && (d->ctx_get_current(&ctx) != 0 || ctx == NULL))
         rv = attnd_errf(err, sizeof err, ATTND_ERR_FAILED_PRECONDITION,
                         "stream: no current CUDA context in this thread (use CUDA here first)");
+    s->ctx = ctx;
     if (rv == ATTND_ERR_OK)
         rv = attnd_cu_check(d, d->mem_alloc(&s->o_dev, bytes), "cuMemAlloc", err, sizeof err);
     if (rv == ATTND_ERR_OK)
@@ -194,6 +197,10 @@ attnd_err attnd_client_stream_open(attnd_client *c, attnd_client_stream **out)
         free(s);
         return rv;
     }
+    pthread_mutex_lock(&c->streams_mu);
+    s->next = c->streams;
+    c->streams = s;
+    pthread_mutex_unlock(&c->streams_mu);
     *out = s;
     return ATTND_ERR_OK;
 }
@@ -201,6 +208,13 @@ attnd_err attnd_client_stream_open(attnd_client *c, attnd_client_stream **out)
 void attnd_client_stream_close(attnd_client_stream *s)
 {
     if (s == NULL) return;
+    pthread_mutex_lock(&s->c->streams_mu);
+    for (attnd_client_stream **p = &s->c->streams; *p != NULL; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&s->c->streams_mu);
     close_rpc(s);
     stream_release_memory(s);
     free(s);
@@ -213,7 +227,7 @@ uint32_t attnd_client_stream_id(const attnd_client_stream *s)
 
 int attnd_client_stream_failed(const attnd_client_stream *s)
 {
-    return s->failed;
+    return __atomic_load_n(&s->failed, __ATOMIC_ACQUIRE);
 }
 
 /* ---------------------------------------------------------------- StreamBegin */
@@ -327,15 +341,8 @@ attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer, voi
         __atomic_store_n(&s->qkv_host[layer], 1u, __ATOMIC_RELEASE);
         return ATTND_ERR_OK;
     }
-    /* a step's first signal resets every o word (one operation, off the per-layer path): the
-     * daemon writes none before this signal, and the last step's writes are all done (its
-     * StreamEnd answered) */
-    if (layer == 0)
-        rv = attnd_cu_check(&s->cu, s->cu.memset_d32_async(s->o_dev, 0, s->layers, stream),
-                            "cuMemsetD32Async", err, sizeof err);
-    if (rv == ATTND_ERR_OK)
-        rv = attnd_cu_check(&s->cu, s->cu.write32(stream, s->qkv_dev + 4u * layer, 1, 0),
-                            "cuStreamWriteValue32", err, sizeof err);
+    rv = attnd_cu_check(&s->cu, s->cu.write32(stream, s->qkv_dev + 4u * layer, 1, 0),
+                        "cuStreamWriteValue32", err, sizeof err);
     return rv == ATTND_ERR_OK ? rv : attnd_client_fail(s->c, rv, "stream_signal: %s", err);
 }
 
@@ -354,6 +361,11 @@ static attnd_err wait_host(attnd_client_stream *s, uint32_t layer)
         }
     }
     __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&s->failed, __ATOMIC_ACQUIRE))
+        return attnd_client_fail(s->c, ATTND_ERR_UNAVAILABLE,
+                                 "stream_wait: layer %u was released (the step failed or the "
+                                 "connection to the daemon was lost): its output is void",
+                                 layer);
     return ATTND_ERR_OK;
 }
 
@@ -366,6 +378,12 @@ attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer, void 
     attnd_cu_devptr w = s->o_dev + 4u * layer;
     rv = attnd_cu_check(&s->cu, s->cu.wait32(stream, w, 1, ATTND_CU_WAIT_VALUE_EQ),
                         "cuStreamWaitValue32", err, sizeof err);
+    /* the step's last wait resets every o word (one operation per step): after it, nothing of
+     * this step writes them (the daemon's writes and any release came before the waits passed),
+     * and the next step's come after its signals, queued behind this */
+    if (rv == ATTND_ERR_OK && layer == s->layers - 1)
+        rv = attnd_cu_check(&s->cu, s->cu.memset_d32_async(s->o_dev, 0, s->layers, stream),
+                            "cuMemsetD32Async", err, sizeof err);
     return rv == ATTND_ERR_OK ? rv : attnd_client_fail(s->c, rv, "stream_wait: %s", err);
 }
 
@@ -381,13 +399,24 @@ attnd_err attnd_client_attend_async(attnd_client_stream *s, uint32_t layer, void
  * caller's stream stalls (what follows reads garbage: the step's outputs are void). */
 static void release_own(attnd_client_stream *s)
 {
-    s->failed = 1;
+    __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
     for (uint32_t l = 0; l < s->layers; l++) {
         if (s->cuda)
             s->cu.write32(s->release, s->o_dev + 4u * l, 1, 0);
         else
             __atomic_store_n((uint32_t *)s->o_shm.base + l, 1u, __ATOMIC_RELEASE);
     }
+}
+
+void attnd_client_streams_lost(void *client)
+{
+    attnd_client *c = client;
+    pthread_mutex_lock(&c->streams_mu);
+    for (attnd_client_stream *s = c->streams; s != NULL; s = s->next) {
+        if (s->cuda && s->cu.ctx_set_current(s->ctx) != 0) continue; /* nothing to write with */
+        release_own(s);
+    }
+    pthread_mutex_unlock(&c->streams_mu);
 }
 
 attnd_err attnd_client_stream_end(attnd_client_stream *s, uint64_t step, int abort)

@@ -19,14 +19,15 @@
 #include "daemon_proc.h"
 #include "suite.h"
 
-#define CONFIG_WITH(server_extra)                                                                  \
+#define CONFIG_WITH_TIMEOUT(server_extra, stream_timeout_ms)                                       \
     "{\"backend\": \"cpu\", \"threads\": 2,"                                                       \
     " \"server\": {\"listen\": \"@URL@\"" server_extra "},"                                        \
     " \"geometry\": {\"num_layers\": 2, \"num_q_heads\": 8, \"num_kv_heads\": 2,"                  \
     " \"head_size\": 64, \"block_size\": 16, \"cache_dtype\": \"bf16\", \"num_blocks\": 128,"      \
     " \"max_blocks_per_seq\": 32},"                                                                \
-    " \"limits\": {\"reclaim_timeout_ms\": 200, \"stream_timeout_ms\": 800},"                      \
+    " \"limits\": {\"reclaim_timeout_ms\": 200, \"stream_timeout_ms\": " stream_timeout_ms "},"    \
     " \"log\": {\"level\": \"warn\", \"stats_interval_s\": 0}}"
+#define CONFIG_WITH(server_extra) CONFIG_WITH_TIMEOUT(server_extra, "800")
 #define CONFIG CONFIG_WITH("")
 
 #define L 2
@@ -366,6 +367,40 @@ Test(stream_e2e, a_worker_killed_mid_step_leaves_the_other_untouched, .timeout =
     free(got);
     worker_close(&b);
     cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");
+}
+
+/* ---------------------------------------------------------------- the daemon killed mid-step */
+
+/* The daemon dies with the worker's wait for layer 1 pending. The channel's own timeout is 60 s,
+ * past this test's 30: only the lost connection (the client's socket hook writing the worker's
+ * words) can end that wait, and it must end with an error, not an output. */
+Test(stream_e2e, a_daemon_killed_mid_step_fails_the_waiting_worker, .timeout = 30)
+{
+    attnd_daemon_proc d;
+    worker w;
+    attnd_step st;
+    attnd_ref r[4];
+    const attnd_step_seq s = {1, 4};
+    attnd_test_daemon_start(&d, CONFIG_WITH_TIMEOUT("", "60000"));
+    worker_open(&w, &d, 1);
+    cr_assert_eq(attnd_client_seq_create(w.c, 1, NULL), ATTND_ERR_OK);
+    refs_for(&w, 4, r);
+    attnd_stream_layer io = {&r[0], &r[1], &r[2], &r[3], NULL};
+    cr_assert_eq(attnd_client_stream_begin(w.s, &s, 1, &io, 1, &st, NULL), ATTND_ERR_OK, "%s",
+                 attnd_client_last_error(w.c));
+    fill_inputs(&w, 4, 0, 0);
+    cr_assert_eq(attnd_client_attend_async(w.s, 0, NULL), ATTND_ERR_OK, "%s",
+                 attnd_client_last_error(w.c));
+    cr_assert_eq(attnd_daemon_signal(&d, SIGKILL), 0);
+    fill_inputs(&w, 4, 0, 1);
+    cr_assert_eq(attnd_client_attend_async(w.s, 1, NULL), ATTND_ERR_UNAVAILABLE, "%s",
+                 attnd_client_last_error(w.c));
+    cr_expect(strstr(attnd_client_last_error(w.c), "released") != NULL, "%s",
+              attnd_client_last_error(w.c));
+    cr_expect(attnd_client_stream_failed(w.s));
+    cr_expect_neq(attnd_client_stream_end(w.s, st.id, 0), ATTND_ERR_OK);
+    worker_close(&w);
+    cr_expect_eq(attnd_daemon_stop(&d), 128 + SIGKILL);
 }
 
 /* ---------------------------------------------------------------- refusals */

@@ -443,15 +443,15 @@ ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const att
  *
  * Per layer two 32-bit flag words, each owned by the side that waits on it: the daemon's (the
  * caller's stream writes 1 once the layer's Q/K/V are in place) and the caller's (the daemon's
- * stream writes 1 once the output is there; the caller's stream waits for it; layer 0's signal
- * writes every one of them back to 0 at the step's start).
+ * stream writes 1 once the output is there; the caller's stream waits for it; the last layer's
+ * wait writes every one of them back to 0 at the step's end).
  * The values are the same every step, so a captured graph replays. A step the daemon does not
  * see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
  * runs out, the step aborts, StreamEnd fails (TIMEOUT) and the channel takes no more steps:
  * close it and open another (new flag words: capture the graph again). When StreamEnd fails for
- * any such reason (the daemon gone included), this library writes the caller's own flag words
- * from the host, so that no wait queued on the caller's stream stalls; that step's outputs are
- * garbage.
+ * any such reason, and as soon as the connection to the daemon drops (from NNG's thread, even
+ * while the caller is blocked on its stream), this library writes the caller's own flag words,
+ * so that no wait queued on the caller's stream stalls; that step's outputs are garbage.
  *
  * On a CUDA daemon the flag words are device memory (allocated through the CUDA driver in the
  * calling thread's current context, which must exist: the caller's framework made it) and
@@ -487,14 +487,14 @@ ATTND_CLIENT_API attnd_err attnd_client_stream_begin(attnd_client_stream *s,
                                                      const attnd_stream_layer *layers,
                                                      size_t nlayers, attnd_step *step,
                                                      uint32_t *query_start_loc);
-/* Queue on stream: layer's Q/K/V are in place (once the work queued before is done). On a CUDA
- * daemon, layer 0's signal first resets the caller's word of every layer (the step's start). */
+/* Queue on stream: layer's Q/K/V are in place (once the work queued before is done). */
 ATTND_CLIENT_API attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer,
                                                       void *stream);
-/* Queue on stream: wait until the daemon wrote layer's output. Queue it behind the step's layer-0
- * signal (the same stream, or one ordered after it): until then the word may still hold the last
- * step's 1. On a CPU daemon this waits here and resets the word (TIMEOUT after the channel's
- * timeout and 5 s). */
+/* Queue on stream: wait until the daemon wrote layer's output. On a CUDA daemon the last layer's
+ * wait then resets every layer's word for the next step: queue it after the step's other waits
+ * (the same stream, or one ordered after theirs). On a CPU daemon this waits here and resets the
+ * word (TIMEOUT after the channel's timeout and 5 s; UNAVAILABLE once the step was released or
+ * the connection lost). */
 ATTND_CLIENT_API attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer,
                                                     void *stream);
 /* The layer's attention as stream operations: attnd_client_stream_signal then _wait. */

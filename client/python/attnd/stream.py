@@ -120,7 +120,8 @@ class StreamChannel:
 
     def wait(self, layer: int, stream: Any = None) -> None:
         """Queue on stream: wait for the daemon's output of layer (a CPU daemon: wait here).
-        Queue it behind the step's signal of layer 0 (which resets every layer's word)."""
+        On a CUDA daemon the last layer's wait resets every layer's word: queue it after the
+        step's other waits."""
         self._client._check(self._lib.attnd_client_stream_wait(self._s, layer,
                                                                self._stream(stream)))
 
