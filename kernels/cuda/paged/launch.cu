@@ -162,6 +162,7 @@ static void launch_init(attnd_paged_launch *l, attnd_cuda *c, const attnd_paged_
     l->optin = &c->optin;
 }
 
+#ifdef ATTND_CUDA_SM90A
 // A 16-bit cache as the sm90 core's TMA sees it: dims (head, kv head, row in block, block) with
 // byte strides, boxes of 64 columns x one page, 128-byte swizzle, out-of-bounds boxes as zeros.
 static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
@@ -183,6 +184,7 @@ static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensor
                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+#endif
 
 // The sm90 core can take this call: device, build, cache type, override, tensor maps.
 static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, int kv, CUtensorMap *tk,
