@@ -384,6 +384,10 @@ static void test_varlen(void)
     s.pad = 136, s.d = 128, s.in_dt = ATTND_DTYPE_F16, s.out_dt = ATTND_DTYPE_BF16, s.causal = 1;
     random_seqs(&s.s, 3, maxl, 1);
     varlen_case(&s);
+    /* 16-bit inputs, fp8 output: the sm90 core's epilogue converts and scales */
+    vcase e = s;
+    e.pad = 0, e.in_dt = ATTND_DTYPE_BF16, e.out_dt = ATTND_DTYPE_FP8_E4M3;
+    varlen_case(&e);
     if (!quick) {
         /* a serving-like shape: 32/8 heads, head 128, bf16, 2 x 1000 causal */
         vcase big = c;
