@@ -10,27 +10,16 @@
 #include "paged/launch.h"
 #include "varlen_sm90.h"
 
-typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// Packed K or V [rows, kv heads, head] as the TMA sees it: dims (head, kv head, row, 1), boxes of
-// 64 columns x one page of rows, 128-byte swizzle, rows past the tensor read as zeros.
+// Packed K or V [rows, kv heads, head]: dims (head, kv head, row, 1), boxes of one page of rows,
+// rows past the tensor read as zeros.
 static int encode_packed(const attnd_cuda *c, const attnd_tensor *t, int page, CUtensorMap *m)
 {
-    if (c->encode_tmap == NULL || t->shape[0] <= 0) return 0;
+    if (t->shape[0] <= 0) return 0;
     const cuuint64_t dims[4] = {(cuuint64_t)t->shape[2], (cuuint64_t)t->shape[1],
                                 (cuuint64_t)t->shape[0], 1};
     const cuuint64_t strides[3] = {(cuuint64_t)t->strides[1] * 2, (cuuint64_t)t->strides[0] * 2,
                                    (cuuint64_t)t->strides[0] * 2 * (cuuint64_t)t->shape[0]};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)page, 1}, unit[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType dt = t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return ((encode_fn)c->encode_tmap)(m, dt, 4, t->data, dims, strides, box, unit,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)page, m);
 }
 
 // A packed tensor [rows, heads, head] as the core's [rows][page][heads][head] cache: page i

@@ -162,27 +162,32 @@ static void launch_init(attnd_paged_launch *l, attnd_cuda *c, const attnd_paged_
     l->optin = &c->optin;
 }
 
-#ifdef ATTND_CUDA_SM90A
-// A 16-bit cache as the sm90 core's TMA sees it: dims (head, kv head, row in block, block) with
-// byte strides, boxes of 64 columns x one page, 128-byte swizzle, out-of-bounds boxes as zeros.
-static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
+int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
+                          const cuuint64_t strides[3], cuuint32_t box_rows, CUtensorMap *m)
 {
     typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     if (c->encode_tmap == NULL) return 0;
-    const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2],
-                                (cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]};
-    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * 2, (cuuint64_t)t->strides[1] * 2,
-                                   (cuuint64_t)t->strides[0] * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)t->shape[1], 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {64, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
     const CUtensorMapDataType dt = t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     return ((encode_fn)c->encode_tmap)(m, dt, 4, t->data, dims, strides, box, unit,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+#ifdef ATTND_CUDA_SM90A
+// A 16-bit cache: dims (head, kv head, row in block, block), boxes of one page.
+static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2],
+                                (cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]};
+    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * 2, (cuuint64_t)t->strides[1] * 2,
+                                   (cuuint64_t)t->strides[0] * 2};
+    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)t->shape[1], m);
 }
 #endif
 

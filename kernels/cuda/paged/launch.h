@@ -44,6 +44,12 @@ typedef struct attnd_paged_launch {
     attnd_smem_optin *optin;   // the backend's record of raised shared-memory limits
 } attnd_paged_launch;
 
+// A 16-bit tensor as the sm90 core's TMA reads it: dims innermost first, the byte strides of the
+// outer three, boxes of 64 columns x box_rows rows, 128-byte swizzle, out-of-bounds boxes as
+// zeros. 0 when the driver has no cuTensorMapEncodeTiled or refuses the map.
+int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
+                          const cuuint64_t strides[3], cuuint32_t box_rows, CUtensorMap *m);
+
 // Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.
 cudaError_t attnd_paged_f32_run(const attnd_paged_kargs &a, cudaStream_t stream);
 
