@@ -313,7 +313,7 @@ attnd_err attnd_client_stream_begin(attnd_client_stream *s, const attnd_step_seq
     }
     if (rv == ATTND_ERR_OK) rv = attnd_client_step_from_pb(s->c, rep, n, step, query_start_loc);
     if (rv == ATTND_ERR_FAILED_PRECONDITION && strstr(attnd_client_last_error(s->c), "released"))
-        s->failed = 1;
+        __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
     if (rep != NULL) attnd__reply__free_unpacked(rep, NULL);
     begin_msg_free(&b);
     return rv;
