@@ -109,20 +109,10 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     if (!encode_packed(c, k, page, &tk) || !encode_packed(c, v, page, &tv))
         return ATTND_ERR_OK; // not expressible as tensor maps: the mma.sync kernel
     attnd_paged_launch l;
-    memset(&l, 0, sizeof l);
-    l.stream = c->stream;
-    l.device = c->device;
-    l.num_sms = c->num_sms;
-    l.max_smem = c->max_smem_optin;
-    l.num_tokens = a.p.q.shape[0];
-    l.max_query_len = max_q;
-    l.max_seq_len = max_k;
+    attnd_paged_launch_init(&l, c, a.p.q.shape[0], max_q, max_k);
     l.tk = &tk;
     l.tv = &tv;
-    l.sm90_off = c->sm90_off;
-    l.l2_bytes = c->l2_bytes;
     l.src = &src;
-    l.optin = &c->optin;
     const int64_t d = a.p.q.shape[2];
     const int di = d <= 64 ? 0 : (d <= 128 ? 1 : 2), kv = a.p.q.dtype == ATTND_DTYPE_BF16;
     cudaError_t e = kCore[sparse][di][kv](a, l);

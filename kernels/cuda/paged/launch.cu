@@ -147,18 +147,19 @@ static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_pa
     return f ? f(a, l) : cudaErrorInvalidConfiguration;
 }
 
-static void launch_init(attnd_paged_launch *l, attnd_cuda *c, const attnd_paged_params *p)
+void attnd_paged_launch_init(attnd_paged_launch *l, attnd_cuda *c, int64_t num_tokens,
+                             int max_query_len, int max_seq_len)
 {
     memset(l, 0, sizeof *l);
     l->stream = c->stream;
     l->device = c->device;
     l->num_sms = c->num_sms;
     l->max_smem = c->max_smem_optin;
-    l->num_tokens = p->q.shape[0];
-    l->max_query_len = p->max_query_len;
+    l->num_tokens = num_tokens;
+    l->max_query_len = max_query_len;
     l->sm90_off = c->sm90_off;
     l->l2_bytes = c->l2_bytes;
-    l->max_seq_len = p->max_seq_len;
+    l->max_seq_len = max_seq_len;
     l->optin = &c->optin;
 }
 
@@ -246,7 +247,7 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     if (kv == ATTND_KV_F32)
         return launch_status(b, attnd_paged_f32_run(a, c->stream), "paged_attention_2d");
     attnd_paged_launch l;
-    launch_init(&l, c, p);
+    attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
     CUtensorMap tk, tv;
     int core = ATTND_CORE_SM80_PREFILL;
     if ((int64_t)p->max_query_len * a.group <= 16)
@@ -280,7 +281,7 @@ extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_par
         a.ws_l = a.ws_m + rows;
     }
     attnd_paged_launch l;
-    launch_init(&l, c, p);
+    attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
     cudaError_t e = paged_run(ATTND_CORE_SM80_DECODE, p->q.shape[2], kv, a, l);
     if (e == cudaSuccess && num_segments > 1) e = paged_reduce(a, c);
     return launch_status(b, e, "paged_attention_3d");

@@ -44,6 +44,11 @@ typedef struct attnd_paged_launch {
     attnd_smem_optin *optin;   // the backend's record of raised shared-memory limits
 } attnd_paged_launch;
 
+// A launch on the backend's stream and device, with its limits and records; tensor maps and
+// sources are the caller's to add.
+void attnd_paged_launch_init(attnd_paged_launch *l, attnd_cuda *c, int64_t num_tokens,
+                             int max_query_len, int max_seq_len);
+
 // A 16-bit tensor as the sm90 core's TMA reads it: dims innermost first, the byte strides of the
 // outer three, boxes of 64 columns x box_rows rows, 128-byte swizzle, out-of-bounds boxes as
 // zeros. 0 when the driver has no cuTensorMapEncodeTiled or refuses the map.
