@@ -203,10 +203,25 @@ class GraphDecode:
         with torch.cuda.graph(self.graph):
             self.logits = self.forward()
 
-    def replay_step(self) -> torch.Tensor:
+    def replay_step(self, times: dict[str, list[float]] | None = None) -> torch.Tensor:
+        """One replayed step; with times, the host's StreamBegin / replay launch / StreamEnd
+        walls and the GPU time of the replay on the worker's stream (attention waits included)."""
+        t0 = time.perf_counter()
         st = self.ch.begin(self.pairs, *self.bufs)
+        t1 = time.perf_counter()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None else []
+        if ev:
+            ev[0].record()
         self.graph.replay()
+        if ev:
+            ev[1].record()
+        t2 = time.perf_counter()
         self.ch.end(st)
+        t3 = time.perf_counter()
+        if times is not None:
+            for k, v in (("begin_us", t1 - t0), ("replay_launch_us", t2 - t1),
+                         ("end_us", t3 - t2), ("replay_gpu_us", ev[0].elapsed_time(ev[1]) / 1e3)):
+                times.setdefault(k, []).append(v * 1e6)
         assert self.logits is not None
         return self.logits
 
@@ -225,17 +240,23 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
         gd = GraphDecode(model, gen, seqs, next(model.parameters()).dtype)
         toks = torch.tensor([s.tokens[-1] for s in seqs], device=ids.device)
         pos = torch.tensor([len(s.tokens) - 1 for s in seqs], device=ids.device)
+        times: dict[str, list[float]] = {}
         for k in range(new):
             gd.ids[0].copy_(toks)
             gd.pos[0].copy_(pos + k)
-            logits = gd.eager_step() if k == 0 else gd.replay_step()
+            logits = gd.eager_step() if k == 0 else gd.replay_step(times)
             toks = logits.argmax(-1)
             if k == 0:
                 torch.cuda.synchronize()
                 gd.capture()
                 t2 = sync_time()  # decode timed from the first replayed step
         t3 = sync_time()
-    return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * (new - 1) / (t3 - t2)}
+    # where a step's wall goes (medians over the replayed steps, us): the GPU idles outside
+    # replay_gpu_us (SDPA's replays queue back to back instead)
+    step = {k: round(statistics.median(v), 1) for k, v in times.items()}
+    step["wall_us"] = round((t3 - t2) / (new - 1) * 1e6, 1)
+    return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * (new - 1) / (t3 - t2),
+            "step": step}
 
 
 IMPLS = ("sdpa", "sdpa-static", "sdpa-static-graph", "attnd", "attnd-stream",

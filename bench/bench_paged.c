@@ -21,6 +21,7 @@
 
 #include "../kernels/cuda/cuda_backend.h"
 #include "attnd/kernels.h"
+#include "attnd/plan.h"
 #include "check.h"
 
 #define HQ 32
@@ -232,15 +233,14 @@ static int num_sets_for(size_t bytes)
 
 /* Segment count for a decode batch: fill the GPU with about two CTAs per SM (the decode tiles'
  * occupancy), never cutting segments below 8 blocks (128 tokens) of context. */
+/* The daemon's choice (kernels/plan): a decode launch of batch sequences at ctx. */
 static int pick_segments(int batch, int ctx)
 {
-    int units = batch * HK;
-    int cap = 2 * g_num_sms;
-    int nblk = (ctx + BS - 1) / BS;
-    int segs = cap / units;
-    if (segs > nblk / 8) segs = nblk / 8;
-    if (segs < 1) segs = 1;
-    return segs;
+    attnd_plan_opts o = attnd_plan_opts_for(BS, HQ, HK, HD, g_num_sms);
+    int segs = attnd_plan_segments(&o, batch, (ctx + BS - 1) / BS);
+    if (o.max_split_rows > 0 && (int64_t)segs * batch > o.max_split_rows)
+        segs = o.max_split_rows / batch;
+    return segs < 1 ? 1 : segs;
 }
 
 /* ---------------------------------------------------------------- cases */
@@ -284,7 +284,7 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
     int chosen = pick_segments(batch, ctx);
-    static const int sweep_list[] = {1, 2, 4, 8, 16, 24, 33, 48, 66, 132};
+    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 16, 24, 33, 48, 66, 132};
     int max_segs = chosen;
     if (sweep)
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
@@ -404,6 +404,11 @@ int main(int argc, char **argv)
         float t = bench_decode(dec[i][0], dec[i][1], ATTND_DTYPE_FP8_E4M3, sweep && i == 2, quick);
         if (dec[i][0] == 64) t_fp8_64 = t;
     }
+    /* bench_hf.py's decode shapes (Llama-3-8B through attnd at 16 x 1024 and 32 x 2048 prompts,
+     * contexts mid-way through its 64 new tokens) */
+    static const int model_dec[2][2] = {{16, 1056}, {32, 2080}};
+    for (int i = 0; i < 2; i++)
+        bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
     bench_prefill(1, 8192, quick);
     bench_prefill(8, 2048, quick);
 

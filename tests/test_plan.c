@@ -12,7 +12,7 @@
 
 #define BS 16
 
-static const attnd_plan_opts opts8 = {BS, 8, 2, 64, 8, 0, 0}; /* 8 parallel units */
+static const attnd_plan_opts opts8 = {BS, 8, 2, 64, 8, 0, 0, 0}; /* 8 parallel units */
 
 static void *plan_for(attnd_plan *p, const attnd_plan_seq *s, int32_t n, const attnd_plan_opts *o)
 {
@@ -110,12 +110,27 @@ Test(plan, segment_count_bounds, .timeout = 60)
     cr_assert_eq(attnd_plan_segments(&o, 1, 64), 8);
     cr_assert_eq(attnd_plan_segments(&o, 1, 3), 3, "never more segments than context blocks");
     cr_assert_eq(attnd_plan_segments(&o, 64, 100), 1, "a big batch fills the machine alone");
-    cr_assert_eq(attnd_plan_segments(&o, 3, 100), 3); /* ceil(16 / 6) */
+    cr_assert_eq(attnd_plan_segments(&o, 3, 100), 2, "whole waves: floor(16 / 6)");
     o.parallel_units = 100000;
     cr_assert_eq(attnd_plan_segments(&o, 1, 1 << 20), 1024, "capped at the kernel's limit");
     o.parallel_units = 0;
     cr_assert_eq(attnd_plan_segments(&o, 1, 10), 1);
     cr_assert_eq(attnd_plan_segments(&o, 1, 0), 1, "at least one");
+}
+
+Test(plan, segments_keep_a_minimum_context_each, .timeout = 60)
+{
+    /* the daemon's options on an H100 (132 SMs) for Llama-3-8B (8 kv heads, block 16) */
+    attnd_plan_opts o = attnd_plan_opts_for(16, 32, 8, 128, 132);
+    cr_assert_eq(o.min_segment_tokens, ATTND_PLAN_MIN_SEGMENT_TOKENS);
+    cr_assert_eq(attnd_plan_segments(&o, 1, 32768 / 16), 32,
+                 "1 x 32k: 33 waves' worth, 1024 "
+                 "tokens each at most 32");
+    cr_assert_eq(attnd_plan_segments(&o, 8, 8192 / 16), 4, "8 x 8k: floor(264 / 64)");
+    cr_assert_eq(attnd_plan_segments(&o, 16, 1056 / 16), 1, "16 x 1056: segments of 528 tokens");
+    cr_assert_eq(attnd_plan_segments(&o, 32, 2080 / 16), 1, "32 x 2080: one wave already");
+    o.min_segment_tokens = 0;
+    cr_assert_eq(attnd_plan_segments(&o, 16, 1056 / 16), 2);
 }
 
 Test(plan, a_short_decode_batch_stays_2d, .timeout = 60)

@@ -93,8 +93,13 @@ size_t attnd_plan_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t tabl
 attnd_plan_opts attnd_plan_opts_for(int32_t block_size, int32_t num_q_heads, int32_t num_kv_heads,
                                     int32_t head_size, int32_t units)
 {
-    attnd_plan_opts o = {
-        block_size, num_q_heads, num_kv_heads, head_size, units, attnd_plan_split_rows(units), 0};
+    attnd_plan_opts o = {.block_size = block_size,
+                         .num_q_heads = num_q_heads,
+                         .num_kv_heads = num_kv_heads,
+                         .head_size = head_size,
+                         .parallel_units = units,
+                         .max_split_rows = attnd_plan_split_rows(units),
+                         .min_segment_tokens = ATTND_PLAN_MIN_SEGMENT_TOKENS};
     return o;
 }
 
@@ -107,8 +112,12 @@ int32_t attnd_plan_segments(const attnd_plan_opts *o, int32_t nseqs, int32_t max
 {
     int64_t units = o->parallel_units > 0 ? o->parallel_units : 1;
     int64_t per_segment = (int64_t)nseqs * (o->num_kv_heads > 0 ? o->num_kv_heads : 1);
-    int64_t segs = (2 * units + per_segment - 1) / per_segment;
+    int64_t segs = 2 * units / per_segment;
     if (segs > max_ctx_blocks) segs = max_ctx_blocks;
+    if (o->min_segment_tokens > 0 && o->block_size > 0) {
+        int64_t longest = (int64_t)max_ctx_blocks * o->block_size / o->min_segment_tokens;
+        if (segs > longest) segs = longest;
+    }
     if (segs > PLAN_MAX_SEGMENTS) segs = PLAN_MAX_SEGMENTS;
     return segs < 1 ? 1 : (int32_t)segs;
 }

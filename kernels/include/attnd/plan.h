@@ -37,12 +37,19 @@ typedef struct attnd_plan_seq {
 typedef struct attnd_plan_opts {
     int32_t block_size;
     int32_t num_q_heads, num_kv_heads, head_size;
-    int32_t parallel_units; /* cpu: worker threads; cuda: SMs */
-    int32_t max_split_rows; /* a 3D launch's rows x segments stay within it (its workspace);
-                               0 = unbounded */
-    int32_t one_launch;     /* 1: every sequence in one 2D launch (the seed's single-kernel
-                               choice, which benches compare against) */
+    int32_t parallel_units;     /* cpu: worker threads; cuda: SMs */
+    int32_t max_split_rows;     /* a 3D launch's rows x segments stay within it (its workspace);
+                                   0 = unbounded */
+    int32_t one_launch;         /* 1: every sequence in one 2D launch (the seed's single-kernel
+                                   choice, which benches compare against) */
+    int32_t min_segment_tokens; /* a split segment covers at least this many context tokens
+                                   (0: no minimum) */
 } attnd_plan_opts;
+
+/* Below this many context tokens per segment, a split's partial results and merge cost more than
+ * the parallelism gains (H100, bench_paged --sweep: 16 x 1056 at 1 segment 33.8 us, 2: 36.5,
+ * 3: 40.4; bench/RESULTS.md). */
+#define ATTND_PLAN_MIN_SEGMENT_TOKENS 1024
 
 typedef enum attnd_launch_kind {
     ATTND_LAUNCH_2D = 0,
@@ -92,8 +99,9 @@ size_t attnd_plan_index_bound(int32_t num_seqs, int64_t num_tokens, int32_t tabl
  * for, given the parallel units: above anything attnd_plan_segments asks for (a 3D launch has
  * fewer rows than 2 x units, so rows x segments < 4 x units), so it never binds in practice. */
 int32_t attnd_plan_split_rows(int32_t units);
-/* Segments for a run of decode sequences: about two waves over the parallel units, at least 1,
- * never more than the longest context's blocks (nor 1024). */
+/* Segments for a run of decode sequences: as many as fit in two waves over the parallel units
+ * (whole waves: a partial one adds the merge without filling the units), at least 1, never more
+ * than the longest context's blocks (nor min_segment_tokens per segment, nor 1024). */
 int32_t attnd_plan_segments(const attnd_plan_opts *opts, int32_t nseqs, int32_t max_ctx_blocks);
 
 /* ---------------------------------------------------------------- run */
