@@ -406,8 +406,8 @@ static int chan_arm_more(attnd_streams *ss, attnd_stream_chan *ch, uint32_t coun
         rv = arm_layer(ss, ch, ch->step, l, &ch->arm_io[ch->arm_nio == 1 ? 0 : l]);
         if (rv == ATTND_ERR_OK) ch->arm_next++;
     }
-    for (uint32_t r = 0; rv == ATTND_ERR_OK && ch->arm_next == ch->layers && r < ch->layers; r++)
-        rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[r], 0);
+    if (rv == ATTND_ERR_OK && ch->arm_next == ch->layers)
+        rv = attnd_stream_write_values(be, ch->stream, ch->qkv, ch->layers, 0);
     if (rv != ATTND_ERR_OK) return chan_arm_failed(ss, ch, rv);
     if (ch->arm_next == ch->layers) {
         free(ch->arm_io);
