@@ -453,6 +453,7 @@ template <class Tr> struct attnd_sm90_consumer {
     attnd_sm90_smem<Tr> sm;
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
+    bool exact_mask = false; // masked tiles through visible() per logit (measurements)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -602,6 +603,20 @@ template <class Tr> struct attnd_sm90_consumer {
         }
     }
 
+    // Columns of tile j this lane's rows see, as a range per row relative to its first column
+    // (2 (lane & 3)): visible iff lo <= n * 8 + (e & 1) <= hi (the test of visible() folded
+    // into one range per row, so a masked tile costs two compares per logit).
+    __device__ __forceinline__ void col_range(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                              int j, int (&lo)[2], int (&hi)[2]) const
+    {
+        const int c0 = j * Tr::BLOCK_N + 2 * (lane & 3), sw = a.p.sliding_window;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            hi[i] = min(w.seq_len - 1, r.pos[i]) - c0; // pos -1 (no row): nothing visible
+            lo[i] = (sw > 0 ? r.pos[i] - sw + 1 : 0) - c0;
+        }
+    }
+
     // The tile needs no per-key test for this warp's rows.
     __device__ __forceinline__ bool unmasked(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
                                              int j, int st) const
@@ -626,6 +641,13 @@ template <class Tr> struct attnd_sm90_consumer {
         constexpr int SR = Tr::SR;
         const int t0 = j * Tr::BLOCK_N, t4 = lane & 3;
         const bool need_mask = !unmasked(w, r, j, st);
+        int lo[2] = {0, 0}, hi[2] = {0, 0};
+        if (!Tr::SPARSE && need_mask) col_range(w, r, j, lo, hi);
+        auto sees = [&](int n, int e) {
+            if (Tr::SPARSE || exact_mask) return visible(w, r, j, st, n, e);
+            const int k = n * 8 + (e & 1);
+            return k >= lo[e >> 1] && k <= hi[e >> 1];
+        };
         float c = a.qk_scale_log2;
         if (!a.plain) {
             c = 1.0f;
@@ -638,7 +660,7 @@ template <class Tr> struct attnd_sm90_consumer {
                     float x = s[n][e] * a.qk_scale;
                     if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
                     x = x * ATTND_LOG2E + r.slope2[e >> 1] * (float)(tt - ps);
-                    if (need_mask && !visible(w, r, j, st, n, e)) x = attnd_neg_inf();
+                    if (need_mask && !sees(n, e)) x = attnd_neg_inf();
                     s[n][e] = x;
                 }
         } else if (need_mask) {
@@ -646,7 +668,7 @@ template <class Tr> struct attnd_sm90_consumer {
             for (int n = 0; n < SR; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (!visible(w, r, j, st, n, e)) s[n][e] = attnd_neg_inf();
+                    if (!sees(n, e)) s[n][e] = attnd_neg_inf();
         }
         float mx[2] = {attnd_neg_inf(), attnd_neg_inf()}, ms[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -787,6 +809,7 @@ template <class Tr> struct attnd_sm90_consumer {
 template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, int off)
 {
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
+    exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
         Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
