@@ -337,7 +337,8 @@ static void bench_prefill(int batch, int L, int quick)
                     {90, 1, "sm90 no ping-pong"},
                     {90, 2, "sm90 no L2 sections"},
                     {90, 4, "sm90 no Q prefetch"},
-                    {90, 8, "sm90 no deep K"},
+                    {90, 8, "sm90 no third stage"},
+                    {90, 64, "sm90 third stage K not V"},
                     {90, 16, "sm90 no smem epilogue"},
                     {90, 32, "sm90 no range mask"},
                     {80, 0, "sm80 core"}};

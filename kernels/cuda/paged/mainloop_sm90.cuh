@@ -35,12 +35,15 @@
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
-// DEEP_K: one more K stage than V stages where shared memory allows (head 128), so the K tile a
-// new work tile starts with is in flight earlier.
+// DEEP: where shared memory has room for a third stage (head 128): 0 none, ATTND_SM90_DEEP_K a
+// third K stage (the K tile a new work tile starts with in flight earlier), ATTND_SM90_DEEP_V a
+// third V stage (a V stage is held until its P V is done, a K stage only until its Q K^T is).
 // SINKS: the epilogue folds each head's sink in (an instantiation of its own, so that the core
 // without sinks keeps its plain epilogue).
 // MODE: where K/V come from (ATTND_SRC_*).
-template <int D_PAD_, int KV_, bool DEEP_K = true, bool SINKS = false, int MODE_ = ATTND_SRC_PAGED>
+enum { ATTND_SM90_DEEP_NONE = 0, ATTND_SM90_DEEP_K = 1, ATTND_SM90_DEEP_V = 2 };
+template <int D_PAD_, int KV_, int DEEP = ATTND_SM90_DEEP_V, bool SINKS = false,
+          int MODE_ = ATTND_SRC_PAGED>
 struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
@@ -52,8 +55,11 @@ struct attnd_paged_sm90_traits {
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
     static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
-    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2; // V stages
-    static constexpr int KSTAGES = NSTAGES + (DEEP_K && !SPARSE && D_PAD == 128 ? 1 : 0);
+    static constexpr int BASE_STAGES = D_PAD <= 64 ? 4 : 2;
+    static constexpr bool THIRD = !SPARSE && D_PAD == 128; // room for a third stage
+    static constexpr int NSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_V); // V stages
+    static constexpr int KSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_K);
+    static constexpr int MSTAGES = KSTAGES > NSTAGES ? KSTAGES : NSTAGES; // barriers per kind
     static constexpr int SLABS = D_PAD / 64;       // 64-column slabs of a row
     static constexpr int KSTEPS = D_PAD / 16;      // k16 steps of Q K^T
     static constexpr int SR = BLOCK_N / 8;         // S chunks of 8 columns
@@ -72,7 +78,7 @@ struct attnd_paged_sm90_traits {
     // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
     static constexpr int KB_MAX = SPARSE ? 2048 : 0;
     static constexpr int KINFO_INTS = BLOCK_N + 4;
-    static constexpr int KINFO_OFF = BAR_OFF + 4 * KSTAGES * 8;
+    static constexpr int KINFO_OFF = BAR_OFF + 4 * MSTAGES * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
     static constexpr int SMEM_BYTES = KLIST_OFF + KB_MAX * 4 + 1024; // + base alignment
@@ -178,15 +184,15 @@ template <class Tr> struct attnd_sm90_smem {
     }
     __device__ __forceinline__ uint32_t full_v(int st) const
     {
-        return full_k(Tr::KSTAGES + st);
+        return full_k(Tr::MSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_k(int st) const
     {
-        return full_k(2 * Tr::KSTAGES + st);
+        return full_k(2 * Tr::MSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_v(int st) const
     {
-        return full_k(3 * Tr::KSTAGES + st);
+        return full_k(3 * Tr::MSTAGES + st);
     }
     // sparse: generic pointers to the key info of K stage st, the block masks, the list
     __device__ __forceinline__ int32_t *kinfo(int st) const
