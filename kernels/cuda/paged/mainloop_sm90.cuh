@@ -460,6 +460,7 @@ template <class Tr> struct attnd_sm90_consumer {
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
     bool exact_mask = false; // masked tiles through visible() per logit (measurements)
+    attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -472,7 +473,8 @@ template <class Tr> struct attnd_sm90_consumer {
             const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
             float f[8];
             if (idx < w.rows_total && ch * 8 < d_act) {
-                const int tok = w.q_start + idx / g, head = w.kvh * g + idx % g;
+                const int qt = gd.div(idx), tok = w.q_start + qt,
+                          head = w.kvh * g + gd.mod(idx, qt);
                 attnd_ld8(a.p.q.data, a.p.q.dtype,
                           (int64_t)tok * a.p.q.strides[0] + (int64_t)head * a.p.q.strides[1] +
                               ch * 8,
@@ -506,7 +508,8 @@ template <class Tr> struct attnd_sm90_consumer {
         for (int c = ctid; c < 64 * QC; c += 128) {
             const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
             const bool ok = idx < w.rows_total && ch * 8 < d_act;
-            const int tok = ok ? w.q_start + idx / g : 0, head = ok ? w.kvh * g + idx % g : 0;
+            const int qt = gd.div(idx);
+            const int tok = ok ? w.q_start + qt : 0, head = ok ? w.kvh * g + gd.mod(idx, qt) : 0;
             const uint16_t *src = (const uint16_t *)a.p.q.data + (int64_t)tok * a.p.q.strides[0] +
                                   (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
             attnd_cp_async16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7), src,
@@ -575,14 +578,21 @@ template <class Tr> struct attnd_sm90_consumer {
     // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
     __device__ __forceinline__ void rows_of(const attnd_sm90_tile &w, attnd_sm90_rows &r) const
     {
-        const int g = a.group, wrow0 = w.row0 + wg * 64 + wq * 16;
+        const int wrow0 = w.row0 + wg * 64 + wq * 16;
         r.idx0 = wrow0 + (lane >> 2);
+        const float *slopes = (const float *)a.p.alibi_slopes.data;
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-            attnd_paged_row(a, r.idx0 + 8 * i, w.rows_total, w.ctx, w.kvh, &r.pos[i], &r.slope2[i]);
+        for (int i = 0; i < 2; i++) { // attnd_paged_row with the division by the group folded
+            const int idx = r.idx0 + 8 * i, qt = gd.div(idx);
+            const bool ok = idx < w.rows_total;
+            r.pos[i] = ok ? w.ctx + qt : -1;
+            const int64_t h = (int64_t)(w.kvh * a.group + gd.mod(idx, qt));
+            r.slope2[i] =
+                ok && slopes ? slopes[h * a.p.alibi_slopes.strides[0]] * ATTND_LOG2E : 0.0f;
+        }
         r.warp_rows = wrow0 < w.rows_total;
-        r.wpos_min = w.ctx + wrow0 / g;
-        r.wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
+        r.wpos_min = w.ctx + gd.div(wrow0);
+        r.wpos_max = w.ctx + gd.div(min(wrow0 + 15, w.rows_total - 1));
         r.wbits = 0;
         if constexpr (Tr::SPARSE) { // the producer's numbering (gather)
             const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2;
@@ -816,6 +826,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
 {
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
     exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
+    gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
         Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
@@ -881,7 +892,7 @@ attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const attnd_sm90_rows &
         attnd_bar_sync(3 + wg, 128); // every warp's wgmma reads of the buffer are done
         attnd_paged_store_rows_smem<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, o, acc.m, acc.l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
-            sm.q(wg, qb), wq * 16);
+            sm.q(wg, qb), wq * 16, gd);
     } else {
         attnd_paged_store_rows_as<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, o, acc.m, acc.l, r.idx0, w.rows_total, w.q_start, w.kvh, lane & 3);
