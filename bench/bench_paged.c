@@ -341,6 +341,7 @@ static void bench_prefill(int batch, int L, int quick)
                     {90, 64, "sm90 third stage K not V"},
                     {90, 16, "sm90 no smem epilogue"},
                     {90, 32, "sm90 no range mask"},
+                    {90, 128, "sm90 no late wait"},
                     {80, 0, "sm80 core"}};
     const int nv = c->cc == 90 ? (int)(sizeof variants / sizeof *variants) : 1;
     for (int i = 0; i < 3 * nv; i++) {

@@ -29,7 +29,8 @@ enum {
     ATTND_SM90_NO_DEEP = 8,        // as many K stages as V stages (no third stage at head 128)
     ATTND_SM90_NO_SMEM_EPI = 16,   // rows stored straight from the fragments, not via shared memory
     ATTND_SM90_NO_RANGE_MASK = 32, // masked tiles tested per logit, not by a column range per row
-    ATTND_SM90_DEEP_K_NOT_V = 64   // head 128: the third stage holds K, not V
+    ATTND_SM90_DEEP_K_NOT_V = 64,  // head 128: the third stage holds K, not V
+    ATTND_SM90_NO_LATE_WAIT = 128  // P V waited for before the softmax of the next tile
 };
 
 // What a launch needs besides the kernel arguments; the caller owns the stream.

@@ -81,7 +81,8 @@ struct attnd_paged_sm90_traits {
     static constexpr int KINFO_OFF = BAR_OFF + 4 * MSTAGES * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
-    static constexpr int SMEM_BYTES = KLIST_OFF + KB_MAX * 4 + 1024; // + base alignment
+    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4;      // a word per consumer thread
+    static constexpr int SMEM_BYTES = ORDER_OFF + 256 * 4 + 1024; // + base alignment
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -460,6 +461,7 @@ template <class Tr> struct attnd_sm90_consumer {
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
     bool exact_mask = false; // masked tiles through visible() per logit (measurements)
+    bool late_wait = true;   // P V waited for after the softmax, not before (measurements)
     attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
@@ -793,9 +795,12 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
             if (!Tr::SPARSE) release_k(sk);
+            if (!late_wait) attnd_wgmma_wait<0>(); // the order ptxas chose before
             softmax(w, r, j, sk, s, acc);
             if (Tr::SPARSE) release_k(sk);
             nk++;
+            attnd_order_before_wait(sm.base + Tr::ORDER_OFF + 4 * (wg * 128 + ctid),
+                                    acc.l[0] + acc.l[1]);
             attnd_wgmma_wait<0>();
             fence_o(acc);
             attnd_fence_regs(pf);
@@ -826,6 +831,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
 {
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
     exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
+    late_wait = !(off & ATTND_SM90_NO_LATE_WAIT);
     gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
