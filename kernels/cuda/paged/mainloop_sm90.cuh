@@ -789,6 +789,7 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_wgmma_fence();
             gemm_qk(s, sk, qb);
             attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+            attnd_wgmma_fence(); // after the wait's loop (else ptxas injects it: C7519)
             gemm_pv(acc.o, pf, sv, first_pv);
             if (pingpong) attnd_bar_arrive(2 - wg, 256); // the other's turn
             first_pv = false;
