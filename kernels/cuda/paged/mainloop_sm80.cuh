@@ -90,11 +90,13 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
     static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
-    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each; slim: ~74 KB)
+    // decode: fp8 as many stages as fit next to a second CTA on the SM (~113 KB each; slim:
+    // ~74 KB); 16-bit caches 2 (deeper pipelines measured slower: short CTAs wait longer for
+    // their first tile)
     static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
     static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
     static constexpr int NSTAGES =
-        DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
+        DECODE && FP8 ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
     static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
     static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
