@@ -284,7 +284,7 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
     int chosen = pick_segments(batch, ctx);
-    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 16, 24, 33, 48, 66, 132};
+    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 48, 66, 132};
     int max_segs = chosen;
     if (sweep)
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
@@ -405,9 +405,9 @@ int main(int argc, char **argv)
         if (dec[i][0] == 64) t_fp8_64 = t;
     }
     /* bench_hf.py's decode shapes (Llama-3-8B through attnd at 16 x 1024 and 32 x 2048 prompts,
-     * contexts mid-way through its 64 new tokens) */
-    static const int model_dec[2][2] = {{16, 1056}, {32, 2080}};
-    for (int i = 0; i < 2; i++)
+     * contexts mid-way through its 64 new tokens), and a small batch of 4 x 1024 */
+    static const int model_dec[3][2] = {{16, 1056}, {32, 2080}, {4, 1024}};
+    for (int i = 0; i < 3; i++)
         bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
     bench_prefill(1, 8192, quick);
     bench_prefill(8, 2048, quick);

@@ -539,6 +539,19 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-mix");
         run_paged_case(&c, rng);
     }
+    /* a split at GQA 8 over many segments (empty ones too), fp8 cache, sinks */
+    {
+        static const int q[4] = {1, 1, 1, 1}, x[4] = {700, 0, 1, 33};
+        base_case(&c);
+        c.hq = 8;
+        c.hk = 1;
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.sinks = 1;
+        c.segments = 37;
+        set_seqs(&c, 4, q, x);
+        name_case(&c, "reduced-split");
+        run_paged_case(&c, rng);
+    }
     /* prefill tiles (rows > 16): window + softcap + alibi, head 256 and 64 */
     {
         static const int q[2] = {70, 33}, x[2] = {20, 0};
@@ -653,6 +666,29 @@ static void full_grid(attnd_rng *rng)
             name_case(&c, "decode");
             run_paged_case(&c, rng);
         }
+
+    /* 3b. decode splits at GQA 1, 8 and 32 (two q-blocks per sequence), many segments (empty
+     * ones past the short contexts), head sizes 64 / 96 / 256, 16-bit and fp8 caches */
+    for (int hi = 0; hi < 3; hi++)
+        for (int ci = 0; ci < 2; ci++)
+            for (int si = 0; si < 2; si++, k++) {
+                static const int hsel[3] = {0, 3, 4}, dsel[3] = {64, 96, 256};
+                static const int nseg[2] = {5, 130};
+                base_case(&c);
+                c.hq = heads[hsel[hi]][0];
+                c.hk = heads[hsel[hi]][1];
+                c.d = dsel[(hi + si) % 3];
+                c.cache_dt = kCache[ci * 2];
+                c.bs = bss[(hi + ci) % 3];
+                c.sinks = (hi + si) % 2;
+                c.segments = nseg[si];
+                c.out_dt = kFloat[(hi + ci) % 3];
+                static const int x[6] = {5000, 0, 1, 2100, 31, 17};
+                int qq[6] = {1, 1, 1, 1, 1, 1};
+                set_seqs(&c, 6, qq, x);
+                name_case(&c, "split");
+                run_paged_case(&c, rng);
+            }
 
     /* 4. prefill tiles: long queries with and without context (full 128-row tiles, causal) */
     for (int ci = 0; ci < 4; ci++)
