@@ -127,6 +127,18 @@ static int64_t cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
+/* The cuda 3D op on dp, twice (the second on the tickets the first left); before them, with
+ * segments, a call on a misaligned workspace that must fail without launching anything. */
+static attnd_err run_3d_twice(const pcase *c, const attnd_paged_params *dp, int segs, void *ws)
+{
+    if (segs > 1 && c->cache_dt != ATTND_DTYPE_F32) {
+        attnd_err bad = attnd_paged_attention_3d(g_cuda, dp, segs, (char *)ws + 4);
+        check(bad != ATTND_ERR_OK, "paged_3d_misaligned_ws", c->name, 0.0, 0.0);
+    }
+    attnd_err rv = attnd_paged_attention_3d(g_cuda, dp, segs, ws);
+    return rv == ATTND_ERR_OK ? attnd_paged_attention_3d(g_cuda, dp, segs, ws) : rv;
+}
+
 static void run_paged_case(const pcase *c, attnd_rng *rng)
 {
     const int S = c->num_seqs, g = c->hq / c->hk;
@@ -269,9 +281,13 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     if (c->alibi) dp.alibi_slopes = dal.t;
     if (c->sinks) dp.sinks = dsk.t;
 
-    for (int form = 0; form < 2; form++) {
-        const char *what = form == 0 ? "paged_2d" : "paged_3d";
+    /* forms: 2D; 3D (split partials merged by the last segment's CTA, launched twice: the
+     * second reuses the tickets the first reset); 3D with the reduce kernel */
+    for (int form = 0; form < 3; form++) {
+        static const char *kWhat[3] = {"paged_2d", "paged_3d", "paged_3d_reduce"};
+        const char *what = kWhat[form];
         int segs = c->segments;
+        if (form == 2 && (segs < 2 || c->cache_dt == ATTND_DTYPE_F32)) continue;
         size_t wsb = attnd_paged_3d_workspace_size(T, c->hq, c->d, segs);
         void *cpu_ws = NULL, *dws = NULL;
         attnd_err rv;
@@ -308,7 +324,9 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
                 g_fail++;
                 goto next_form;
             }
-            rv = attnd_paged_attention_3d(g_cuda, &dp, segs, dws);
+            attnd_cuda_of(g_cuda)->split_reduce = form == 2;
+            rv = run_3d_twice(c, &dp, segs, dws);
+            attnd_cuda_of(g_cuda)->split_reduce = 0;
         }
         if (rv == ATTND_ERR_OK) rv = attnd_backend_sync(g_cuda);
         if (rv != ATTND_ERR_OK) {
@@ -333,7 +351,8 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
             check(e <= tol, what, nm, e, tol);
             if (c->lse) {
                 double el = attnd_rel_l2(gpu_l, cpu_l, n_lse);
-                check(el <= tol, form ? "lse_3d" : "lse_2d", nm, el, tol);
+                check(el <= tol, form ? (form == 1 ? "lse_3d" : "lse_3d_reduce") : "lse_2d", nm, el,
+                      tol);
             }
             free(gpu_o);
             free(gpu_l);

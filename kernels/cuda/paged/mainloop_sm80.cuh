@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "paged/epilogue.cuh"
+#include "paged/reduce.cuh"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
@@ -876,7 +877,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
 
     // ---- epilogue
     attnd_cp_async_wait<0>();
-    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    attnd_pdl_trigger(); // the reduce kernel (no tickets) may launch; it waits for this grid
     const bool partial = a.num_segments > 1;
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
@@ -896,6 +897,9 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
                                seg, tid);
+    if (Tr::DECODE && partial && a.tickets)
+        attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start, kvh, tid,
+                                                    Tr::THREADS);
 }
 
 #undef ATTND_SWZ_OFF
