@@ -345,14 +345,17 @@ static void bench_prefill(int batch, int L, int quick)
     static const struct {
         int core, off;
         const char *tag;
-    } variants[7] = {{0, 0, "default"},
-                     {90, 1, "sm90 no ping-pong"},
-                     {90, 2, "sm90 no L2 sections"},
-                     {90, 4, "sm90 no Q prefetch"},
-                     {90, 8, "sm90 no deep K"},
-                     {90, 16, "sm90 no smem epilogue"},
-                     {80, 0, "sm80 core"}};
-    const int nv = c->cc == 90 ? 7 : 1;
+    } variants[] = {{0, 0, "default"},
+                    {90, 1, "sm90 no ping-pong"},
+                    {90, 2, "sm90 no L2 sections"},
+                    {90, 4, "sm90 no Q prefetch"},
+                    {90, 8, "sm90 no third stage"},
+                    {90, 64, "sm90 third stage K not V"},
+                    {90, 16, "sm90 no smem epilogue"},
+                    {90, 32, "sm90 no range mask"},
+                    {90, 128, "sm90 no late wait"},
+                    {80, 0, "sm80 core"}};
+    const int nv = c->cc == 90 ? (int)(sizeof variants / sizeof *variants) : 1;
     for (int i = 0; i < 3 * nv; i++) {
         const int round = i / nv, v = (i + round) % nv;
         c->paged_core = variants[v].core;

@@ -12,7 +12,10 @@
 # and on the device (carry build-prefill-dev and .anchors):
 #   BENCH_WORDS="varlen blocksparse sm80 varlen blocksparse" \
 #   STEPS="ops pagedfull bench benchp anchors sanp sanitize" bash build-prefill-dev/go.sh
-# Sanitizer logs are named 0*.log so that they come back first.
+# Sanitizer logs are named 0*.log so that they come back first. Also: STEPS sdpa (cuDNN and FA2
+# SDPA at the two prefill shapes alone, quicker than the full anchors) and ncu (a source-level
+# warp-stall profile of the head-128 prefill kernel per NCU_SHAPES, "8x2048 1x8192", packed with
+# its SASS into ncu.tar.xz: a call brings back only a few files).
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -20,7 +23,7 @@ if [[ ${1:-} == --stage ]]; then
         strip -o "$tmp/$(basename $b)" "$src/$b"
     done
     (cd "$tmp" && tar cf - gpu_ops gpu_paged bench_ops bench_paged) | xz -T2 -6 >"$dst/bins.tar.xz"
-    "$(dirname "$0")/../../shared/tools/bundle-libs" "$dst/devlib" "$tmp/gpu_ops" "$tmp/bench_ops"
+    /work/shared/tools/bundle-libs "$dst/devlib" "$tmp/gpu_ops" "$tmp/bench_ops"
     cp "$0" "$dst/go.sh"
     rm -rf "$tmp"
     du -sh "$dst"
@@ -52,6 +55,32 @@ for s in ${STEPS:-ops paged bench benchp anchors}; do
     benchp) echo "== bench_paged prefill"; timeout 120 $D/bench_paged --only prefill 2>&1 | tee "$out/bench_paged.log" | grep -E "^prefill|bench_paged" ;;
     anchors) echo "== anchors"; OUT= timeout 200 python3 .anchors/anchors/bench_anchors.py >"$out/anchors.log" 2>&1
         grep -E "^case=(prefill|varlen|blocksparse|ceiling)" "$out/anchors.log" ;;
+    sdpa) echo "== SDPA cuDNN / FA2 prefill (the anchors' prefill shapes alone)"; timeout 120 python3 - <<'PY' 2>&1 | tee "$out/sdpa.log"
+import torch, triton, torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+for b, L in [(1, 8192), (8, 2048)]:
+    q = torch.randn(b, 32, L, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, 8, L, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+    for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
+        with sdpa_kernel(be):
+            f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            f(); ms = triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+        print(f"case=prefill sdpa-{name} b={b} L={L} | ms={ms:.4g} | TFLOPs={4*b*32*128*L*L/2/ms/1e9:.4g}")
+PY
+        ;;
+    ncu) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu prefill-$sh"
+            timeout 200 ncu --section SpeedOfLight --section SourceCounters --section WarpStateStats \
+                --section SchedulerStats -k regex:attnd_paged_sm90 -s 5 -c 1 -f -o "$out/ncu_$sh" \
+                $D/bench_paged --only prefill-$sh >"$out/ncu_$sh.log" 2>&1; echo "rc=$?"
+            ncu -i "$out/ncu_$sh.ncu-rep" --page details >"$out/ncu_${sh}_details.txt" 2>&1
+            ncu -i "$out/ncu_$sh.ncu-rep" --page source --csv --print-source sass >"$out/ncu_${sh}_sass.csv" 2>&1
+            grep -E "Duration|Issued Ipc|No Eligible|Warp Cycles Per Issued|Compute \(SM\)" "$out/ncu_${sh}_details.txt" | head -8
+            mv "$out/ncu_$sh.ncu-rep" "$out/ncu_${sh}_details.txt" "$out/ncu_${sh}_sass.csv" /tmp/; done
+        mkdir -p /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $D/bench_paged >/dev/null 2>&1)
+        f=$(ls /tmp/cub/*paged_sm90_prefill_d128_bf16*.cubin | head -1); echo "cubin: $f"
+        nvdisasm -gi -c "$f" >/tmp/sass_d128_paged.txt 2>&1
+        (cd /tmp && tar cf - ncu_*_details.txt ncu_*_sass.csv sass_d128_paged.txt) | xz -T8 >"$out/ncu.tar.xz"
+        ls -la "$out/ncu.tar.xz" ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
             timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op >"$out/0_${tool}_$op.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;

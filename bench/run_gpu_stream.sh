@@ -10,7 +10,7 @@
 #   4. bench/bench_hf.py: the Llama-3-8B-shaped model, SDPA (DynamicCache; StaticCache eager and
 #      with the decode step captured in a CUDA graph) vs attnd (Attend), attnd over a stream
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
-#      alternated repeats, medians.
+#      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y).
 # STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
 # BEFORE_CLIENT=its libattnd-client.so) at stage time, OVERHEAD_RUNS="attnd attnd-before attnd
 # attnd-before" alternates the two in step 3 (the worker on the matching client library).
@@ -38,7 +38,7 @@ stage() {
   cp -r "$root/client/python/attnd" "$root/client/python/tests" "$tmp/s/python/"
   cp -L "$build/client/libattnd-client.so" "$tmp/s/python/attnd/libattnd-client.so"
   [ -n "${BEFORE_CLIENT:-}" ] && cp -L "$BEFORE_CLIENT" "$tmp/s/python/attnd/libattnd-client-before.so"
-  cp "$root/bench/bench_hf.py" "$root/bench/stream_gpu.py" "$tmp/s/"
+  cp "$root/bench/bench_hf.py" "$root/bench/stream_gpu.py" "$root/bench/sdpa_decode.py" "$tmp/s/"
   /work/shared/tools/bundle-libs "$tmp/s/devlib" "$tmp/s/attnd" "$tmp/s/python/attnd/libattnd-client.so"
   strip "$tmp/s"/attnd*
   cp "${WHEELS:-/work/main/build-py-dev/wheels}"/*.whl "$tmp/s/wheels/"
@@ -96,7 +96,8 @@ step_4() {
   echo "== 4. bench_hf.py, MPS, ${REPEAT:-3} alternated repeats after a warm-up round"
   start_daemon "$out/attnd_bench.json" "$out/attnd_bench.log" || return 1
   PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-240}" python3 "$dir/bench_hf.py" --url "ipc://$sock" \
-    --label mps --repeat "${REPEAT:-3}" --json "$out/bench_hf_mps.json" >"$out/bench_hf.log" 2>&1
+    --label mps --repeat "${REPEAT:-3}" --json "$out/bench_hf_mps.json" ${BENCH_ARGS:-} \
+    >"$out/bench_hf.log" 2>&1
   echo "rc=$?"; grep -E "^median|error|Error" "$out/bench_hf.log" | cut -c1-400
   stop_daemon
   grep -a -E "event=stream_release|device_failed|level=error" "$out/attnd_bench.log" | head -5

@@ -2,8 +2,8 @@
 sdpa-static run spends per layer (the K/V index_copy into its StaticCache and sdpa_gqa_fold's
 SDPA over the whole static length, masked) against what an attnd stream step adds on the
 worker's side (Q/K/V copied into the registered step tensors). CUDA events, median, inputs
-rotated over more than the L2; each figure is one call's share of 20 calls queued back to back
-(a single call between two events measures Python's launch, not the GPU). Usage:
+rotated over more than the L2; each figure is one call's share of 20 calls captured in a CUDA
+graph (queued from Python, small ops measure the host's launch, not the GPU). Usage:
 python3 bench/sdpa_decode.py [B:CTX ...]"""
 
 from __future__ import annotations
@@ -18,15 +18,24 @@ HQ, HK, D, NEW = 32, 8, 128, 64
 
 
 def timed(fn, reps: int = 15, back_to_back: int = 20) -> float:
-    """Median over reps of the GPU time per call of back_to_back calls queued together."""
-    for i in range(5):
-        fn(i)
+    """GPU time per call: back_to_back calls (inputs rotated) captured in one CUDA graph, the
+    median over reps replays (queued one by one from Python, small ops time the host instead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(back_to_back):
+            fn(i)
+    g.replay()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for i in range(back_to_back):
-            fn(i)
+        g.replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / back_to_back)

@@ -408,6 +408,13 @@ static void release_own(attnd_client_stream *s)
     }
 }
 
+void attnd_client_stream_release(attnd_client_stream *s)
+{
+    if (s == NULL) return;
+    if (s->cuda) s->cu.ctx_set_current(s->ctx); /* the channel's own: any thread may call */
+    release_own(s);
+}
+
 void attnd_client_streams_lost(void *client)
 {
     attnd_client *c = client;

@@ -44,6 +44,7 @@ typedef struct worker {
     attnd_client *c;
     attnd_shm io;
     attnd_client_stream *s; /* NULL: plain Attend */
+    int signal_early;       /* signal layer 0 before StreamBegin (a replay launched first) */
 } worker;
 
 static const size_t Q_OFF = 0, K_OFF = TMAX * HQ * D * 4, V_OFF = K_OFF + TMAX * HK * D * 4,
@@ -104,6 +105,10 @@ static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, flo
         T += seqs[i].new_tokens;
     refs_for(w, T, r);
     attnd_stream_layer io = {&r[0], &r[1], &r[2], &r[3], NULL};
+    if (w->s && w->signal_early) {
+        fill_inputs(w, T, k, 0);
+        cr_assert_eq(attnd_client_stream_signal(w->s, 0, NULL), ATTND_ERR_OK);
+    }
     if (w->s)
         cr_assert_eq(attnd_client_stream_begin(w->s, seqs, n, &io, 1, &st, NULL), ATTND_ERR_OK,
                      "%s", attnd_client_last_error(w->c));
@@ -111,8 +116,12 @@ static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, flo
         cr_assert_eq(attnd_client_step_begin(w->c, seqs, n, &st, NULL), ATTND_ERR_OK);
     cr_assert_eq(st.num_tokens, (uint32_t)T);
     for (uint32_t l = 0; l < L; l++) {
-        fill_inputs(w, T, k, l);
-        if (w->s)
+        int early = w->s && w->signal_early && l == 0; /* filled and signalled before begin */
+        if (!early) fill_inputs(w, T, k, l);
+        if (early)
+            cr_assert_eq(attnd_client_stream_wait(w->s, 0, NULL), ATTND_ERR_OK, "%s",
+                         attnd_client_last_error(w->c));
+        else if (w->s)
             cr_assert_eq(attnd_client_attend_async(w->s, l, NULL), ATTND_ERR_OK, "%s",
                          attnd_client_last_error(w->c));
         else
@@ -172,6 +181,39 @@ Test(stream_e2e, steps_match_attend_bit_for_bit, .timeout = 120)
     cr_expect_eq(attnd_client_stream_failed(a.s), 0);
     free(via_stream);
     free(via_attend);
+    worker_close(&a);
+    worker_close(&b);
+    cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");
+}
+
+Test(stream_e2e, layers_signalled_before_stream_begin_answers, .timeout = 120)
+{
+    attnd_daemon_proc d;
+    worker a, b;
+    attnd_test_daemon_start(&d, CONFIG);
+    worker_open(&a, &d, 1);
+    worker_open(&b, &d, 0);
+    a.signal_early = 1;
+    float *via_stream = run_all(&a), *via_attend = run_all(&b);
+    cr_expect(same(via_stream, via_attend), "a step whose layer 0 was signalled first is intact");
+    free(via_stream);
+    free(via_attend);
+
+    /* a StreamBegin that fails after the caller's stream went ahead: the caller releases itself */
+    attnd_step st;
+    attnd_ref r[4];
+    const attnd_step_seq unknown = {77, 1};
+    refs_for(&a, 1, r);
+    attnd_stream_layer io = {&r[0], &r[1], &r[2], &r[3], NULL};
+    cr_assert_eq(attnd_client_stream_signal(a.s, 0, NULL), ATTND_ERR_OK);
+    cr_expect_eq(attnd_client_stream_begin(a.s, &unknown, 1, &io, 1, &st, NULL),
+                 ATTND_ERR_NOT_FOUND);
+    attnd_client_stream_release(a.s);
+    uint64_t t0 = attnd_clock_ms();
+    cr_expect_eq(attnd_client_stream_wait(a.s, 0, NULL), ATTND_ERR_UNAVAILABLE,
+                 "the wait passes at once and says its output is void");
+    cr_expect_lt(attnd_clock_ms() - t0, 500u, "released, not timed out");
+    cr_expect(attnd_client_stream_failed(a.s));
     worker_close(&a);
     worker_close(&b);
     cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");

@@ -174,6 +174,27 @@ Test(stream_fsm, faults)
     cr_expect_eq(x.state, ATTND_SX_FAILED);
 }
 
+Test(stream_fsm, a_step_that_cannot_be_queued_is_released_then_fails)
+{
+    attnd_sx x = armed();
+    cr_expect_eq(attnd_sx_on(&x, ATTND_SX_QUEUE_FAILED, 1010, &T), ATTND_SX_DO_RELEASE,
+                 "the layers already queued wait on the worker: release them");
+    cr_expect_eq(x.state, ATTND_SX_RELEASING);
+    cr_expect_eq(attnd_sx_on(&x, ATTND_SX_DRAINED, 1020, &T), ATTND_SX_DO_ABORT);
+    cr_expect_eq(x.state, ATTND_SX_FAILED);
+    cr_expect_eq(attnd_sx_on(&x, ATTND_SX_END, 1030, &T), ATTND_SX_DO_REPLY);
+    cr_expect_eq(x.reply_code, ATTND_ERR_INTERNAL, "a commit learns the step failed");
+    x = armed();
+    attnd_sx_on(&x, ATTND_SX_END, 1010, &T);
+    attnd_sx_on(&x, ATTND_SX_QUEUE_FAILED, 1020, &T);
+    cr_expect_eq(attnd_sx_on(&x, ATTND_SX_DRAINED, 1030, &T), ATTND_SX_DO_ABORT | ATTND_SX_DO_REPLY,
+                 "an EndStep already waiting is answered once the stream ran out");
+    cr_expect_eq(x.reply_code, ATTND_ERR_INTERNAL);
+    x = armed();
+    attnd_sx_on(&x, ATTND_SX_DRAINED, 1010, &T);
+    cr_expect_eq(attnd_sx_on(&x, ATTND_SX_QUEUE_FAILED, 1020, &T), 0u, "done: nothing to queue");
+}
+
 /* Drive a machine into state s (from a fresh one at t = 1000). */
 static attnd_sx in_state(attnd_sx_state s)
 {
@@ -198,7 +219,7 @@ static attnd_sx in_state(attnd_sx_state s)
 Test(stream_fsm, invariants_over_every_state_and_event)
 {
     for (int s = ATTND_SX_IDLE; s <= ATTND_SX_CLOSED; s++)
-        for (int e = ATTND_SX_BEGIN; e <= ATTND_SX_CLOSE; e++) {
+        for (int e = ATTND_SX_BEGIN; e <= ATTND_SX_QUEUE_FAILED; e++) {
             attnd_sx x = in_state((attnd_sx_state)s);
             int owed = x.end_owed;
             unsigned a = attnd_sx_on(&x, (attnd_sx_event)e, 1010, &T);

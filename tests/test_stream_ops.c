@@ -1,7 +1,8 @@
 /* Streams on the cpu backend (kernels.h "streams"), the emulation the stream-ordered protocol's
  * CPU tests run on: a wait holds everything queued after it until its word is written, ops
  * launched while a stream is selected run there in order (bit-identical to running them at once),
- * a release unblocks a wait, one stream's wait never holds another stream or the backend, and
+ * a release unblocks a wait, a write of several words (a step's resets) waits its turn and sets
+ * exactly those, one stream's wait never holds another stream or the backend, and
  * destroying a stream stuck in a wait returns. */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -44,6 +45,25 @@ Test(stream_ops, wait_holds_later_work_until_written)
     cr_assert_eq(attnd_stream_release(b, &go, 1), ATTND_ERR_OK);
     cr_expect_eq(wait_idle(b, s), ATTND_ERR_OK);
     cr_expect_eq(__atomic_load_n(&done, __ATOMIC_ACQUIRE), 7u);
+    attnd_stream_destroy(b, s);
+    attnd_backend_close(b);
+}
+
+Test(stream_ops, a_multi_word_write_sets_every_word_after_the_wait)
+{
+    attnd_backend *b = attnd_test_open_cpu(2);
+    attnd_stream *s;
+    uint32_t go = 0, words[6] = {1, 1, 1, 1, 1, 9};
+    cr_assert_eq(attnd_stream_create(b, &s), ATTND_ERR_OK);
+    cr_assert_eq(attnd_stream_wait_value(b, s, &go, 1), ATTND_ERR_OK);
+    cr_assert_eq(attnd_stream_write_values(b, s, words, 5, 0), ATTND_ERR_OK);
+    nap_ms(20);
+    cr_expect_eq(__atomic_load_n(&words[0], __ATOMIC_ACQUIRE), 1u, "held by the wait");
+    cr_assert_eq(attnd_stream_release(b, &go, 1), ATTND_ERR_OK);
+    cr_expect_eq(wait_idle(b, s), ATTND_ERR_OK);
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(words[i], 0u, "word %d", i);
+    cr_expect_eq(words[5], 9u, "the word after the count is untouched");
     attnd_stream_destroy(b, s);
     attnd_backend_close(b);
 }

@@ -100,6 +100,7 @@ static void chan_free(attnd_streams *ss, attnd_stream_chan *ch)
     attnd_backend_free(be, ch->ws3d);
     attnd_backend_free(be, ch->index_dev);
     attnd_device_host_free(be, ch->index_host);
+    free(ch->arm_io);
     free(ch);
 }
 
@@ -351,23 +352,68 @@ static attnd_err arm_layer(attnd_streams *ss, attnd_stream_chan *ch, attnd_step 
     return rv;
 }
 
-static attnd_err chan_arm(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st,
-                          const attnd_attend_io *io, uint32_t nio, char *err, size_t en)
+/* Layers queued per executor turn after BeginStep's reply: other requests interleave. */
+#define ARM_LAYERS_PER_TURN 4u
+#define ARM_ALL UINT32_MAX
+
+/* The step's index arrays in place and the copies it reads queued before it; its tensors kept for
+ * the layers queued after the reply. */
+static attnd_err chan_arm_start(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st,
+                                const attnd_attend_io *io, uint32_t nio, char *err, size_t en)
 {
     attnd_backend *be = chan_be(ss);
     attnd_err rv = chan_index(ss, ch, st, err, en);
-    uint32_t l = 0;
     if (rv != ATTND_ERR_OK) return rv;
     /* copy-on-write copies were queued on the backend's stream: the layers run after them */
-    if (rv == ATTND_ERR_OK) rv = attnd_stream_after_backend(be, ch->stream);
-    for (; l < ch->layers && rv == ATTND_ERR_OK; l++)
-        rv = arm_layer(ss, ch, st, l, &io[nio == 1 ? 0 : l]);
-    for (uint32_t r = 0; r < ch->layers && rv == ATTND_ERR_OK; r++)
-        rv = attnd_stream_write_value(be, ch->stream, &ch->qkv[r], 0);
-    if (rv != ATTND_ERR_OK)
-        return attnd_errf(err, en, rv, "stream %u: queueing layer %u: %s", ch->id, l ? l - 1 : 0,
+    if ((rv = attnd_stream_after_backend(be, ch->stream)) != ATTND_ERR_OK)
+        return attnd_errf(err, en, rv, "stream %u: ordering after the backend: %s", ch->id,
                           attnd_backend_last_error(be));
+    if ((ch->arm_io = malloc(nio * sizeof *io)) == NULL)
+        return attnd_errf(err, en, ATTND_ERR_NO_MEMORY, "stream: out of memory");
+    memcpy(ch->arm_io, io, nio * sizeof *io);
+    ch->arm_nio = nio;
+    ch->arm_next = 0;
     return ATTND_ERR_OK;
+}
+
+/* Queueing stopped at layer arm_next after BeginStep answered: the worker's stream would wait
+ * for o words no layer writes, so write them from the host; release what was queued (the step
+ * fails, its EndStep learns it). 1 when ch was freed. */
+static int chan_arm_failed(attnd_streams *ss, attnd_stream_chan *ch, attnd_err rv)
+{
+    attnd_backend *be = chan_be(ss);
+    ATTND_LOG(ss->log, ATTND_LOG_ERROR,
+              "event=stream_queue_failed stream=%u session=%llu step=%llu layer=%u code=%s "
+              "err=\"%s\"",
+              ch->id, (unsigned long long)ch->session, (unsigned long long)ch->step_id,
+              ch->arm_next, attnd_err_name(rv), attnd_backend_last_error(be));
+    for (uint32_t l = ch->arm_next; l < ch->layers; l++)
+        attnd_stream_release(be, &ch->o[l], 1);
+    free(ch->arm_io);
+    ch->arm_io = NULL;
+    return chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_QUEUE_FAILED, attnd_clock_ms(), &ss->t));
+}
+
+/* Queue up to count more layers of ch's step, and after the last the qkv resets. 1 when ch was
+ * freed. */
+static int chan_arm_more(attnd_streams *ss, attnd_stream_chan *ch, uint32_t count)
+{
+    attnd_backend *be = chan_be(ss);
+    attnd_err rv = ATTND_ERR_OK;
+    if (ch->arm_io == NULL) return 0;
+    for (; count > 0 && ch->arm_next < ch->layers && rv == ATTND_ERR_OK; count--) {
+        uint32_t l = ch->arm_next;
+        rv = arm_layer(ss, ch, ch->step, l, &ch->arm_io[ch->arm_nio == 1 ? 0 : l]);
+        if (rv == ATTND_ERR_OK) ch->arm_next++;
+    }
+    if (rv == ATTND_ERR_OK && ch->arm_next == ch->layers)
+        rv = attnd_stream_write_values(be, ch->stream, ch->qkv, ch->layers, 0);
+    if (rv != ATTND_ERR_OK) return chan_arm_failed(ss, ch, rv);
+    if (ch->arm_next == ch->layers) {
+        free(ch->arm_io);
+        ch->arm_io = NULL;
+    }
+    return 0;
 }
 
 attnd_err attnd_stream_begin(attnd_streams *ss, attnd_stream_chan *ch, const attnd_step_req *seqs,
@@ -389,8 +435,8 @@ attnd_err attnd_stream_begin(attnd_streams *ss, attnd_stream_chan *ch, const att
     ch->step = st;
     ch->step_id = st->id;
     attnd_sx_on(&ch->sx, ATTND_SX_BEGIN, attnd_clock_ms(), &ss->t);
-    if ((rv = chan_arm(ss, ch, st, io, nio, err, en)) != ATTND_ERR_OK) {
-        /* part of the step may be queued: release it; the step aborts once the stream drained */
+    if ((rv = chan_arm_start(ss, ch, st, io, nio, err, en)) != ATTND_ERR_OK) {
+        /* the index upload may be queued: release; the step aborts once the stream drained */
         unsigned a = attnd_sx_on(&ch->sx, ATTND_SX_ABORT, attnd_clock_ms(), &ss->t);
         ch->sx.end_owed = 0; /* the BeginStep's own reply carries the error */
         chan_act(ss, ch, a);
@@ -412,6 +458,7 @@ attnd_err attnd_stream_end(attnd_streams *ss, attnd_stream_chan *ch, uint64_t st
     if (ch->sx.end_owed)
         return attnd_errf(err, n, ATTND_ERR_FAILED_PRECONDITION,
                           "step: %llu already has an EndStep waiting", (unsigned long long)step);
+    chan_arm_more(ss, ch, ARM_ALL); /* never frees: not closing with a step to end */
     chan_observe(ss, ch); /* a stream already drained answers now (never frees: not closing) */
     unsigned a =
         attnd_sx_on(&ch->sx, abort ? ATTND_SX_ABORT : ATTND_SX_END, attnd_clock_ms(), &ss->t);
@@ -434,6 +481,7 @@ attnd_err attnd_stream_end(attnd_streams *ss, attnd_stream_chan *ch, uint64_t st
 
 void attnd_stream_close(attnd_streams *ss, attnd_stream_chan *ch)
 {
+    if (chan_arm_more(ss, ch, ARM_ALL)) return;
     chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_CLOSE, attnd_clock_ms(), &ss->t));
 }
 
@@ -450,6 +498,11 @@ uint32_t attnd_streams_poll(attnd_streams *ss, int *hot)
     *hot = 0;
     for (attnd_stream_chan *ch = ss->head, *next; ch; ch = next) {
         next = ch->next;
+        if (ch->arm_io != NULL) { /* observed once every layer is queued */
+            changed++;
+            if (!chan_arm_more(ss, ch, ARM_LAYERS_PER_TURN) && ch->arm_io != NULL) *hot = 1;
+            continue;
+        }
         if (!chan_hot(ch)) continue;
         attnd_sx_state before = ch->sx.state;
         if (chan_observe(ss, ch) || ch->sx.state != before) {
@@ -465,6 +518,7 @@ void attnd_streams_tick(attnd_streams *ss)
 {
     for (attnd_stream_chan *ch = ss->head, *next; ch; ch = next) {
         next = ch->next;
+        if (chan_arm_more(ss, ch, ARM_ALL)) continue;
         if (!attnd_sx_running(&ch->sx) || chan_observe(ss, ch)) continue;
         chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_TICK, attnd_clock_ms(), &ss->t));
     }
@@ -485,6 +539,7 @@ int attnd_streams_holds_region(const attnd_streams *ss, uint64_t session, uint32
 static void chan_drop(attnd_streams *ss, attnd_stream_chan *ch)
 {
     attnd_backend *be = chan_be(ss);
+    if (chan_arm_more(ss, ch, ARM_ALL)) return;
     if (chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_DISCONNECT, attnd_clock_ms(), &ss->t)))
         return;
     uint64_t end = attnd_clock_ms() + ss->t.drain_ms;

@@ -45,9 +45,11 @@ typedef struct attnd_stream_chan {
     void *index_dev; /* device backends: the open step's index arrays, and their staging */
     void *index_host;
     size_t index_cap;
-    attnd_step *step; /* the open step, NULL when none */
-    uint64_t step_id; /* the open step's id, or the last one released */
-    void *owed;       /* the owed EndStep's reply (the callback's), NULL none */
+    attnd_step *step;           /* the open step, NULL when none */
+    attnd_attend_io *arm_io;    /* its tensors while layers remain to queue (NULL: all queued) */
+    uint32_t arm_nio, arm_next; /* arm_io's entries (1: every layer's), the next layer to queue */
+    uint64_t step_id;           /* the open step's id, or the last one released */
+    void *owed;                 /* the owed EndStep's reply (the callback's), NULL none */
     struct attnd_stream_chan *next;
 } attnd_stream_chan;
 
@@ -81,8 +83,10 @@ attnd_err attnd_stream_open(attnd_streams *ss, attnd_session *s, uint32_t *o, ui
 /* Channel id of session: NOT_FOUND. */
 attnd_err attnd_stream_find(attnd_streams *ss, uint64_t session, uint32_t id,
                             attnd_stream_chan **out, char *err, size_t n);
-/* Begin a step on ch over seqs[n] and queue its layers: io[0] for every layer (nio 1), or io[l]
- * for layer l (nio = num_layers); their tensors stay in place until the step ends.
+/* Begin a step on ch over seqs[n]: io[0] for every layer (nio 1), or io[l] for layer l (nio =
+ * num_layers); their tensors stay in place until the step ends. The layers are queued after the
+ * reply (attnd_streams_poll, a few per executor turn; at once before anything else the channel
+ * is asked).
  * FAILED_PRECONDITION (a step open, the channel failed), attnd_step_begin's codes, INTERNAL. */
 attnd_err attnd_stream_begin(attnd_streams *ss, attnd_stream_chan *ch, const attnd_step_req *seqs,
                              uint32_t n, uint32_t max_step_tokens, const attnd_attend_io *io,

@@ -109,6 +109,8 @@ static unsigned sx_queued(attnd_sx *x, attnd_sx_event ev, uint64_t now, const at
     case ATTND_SX_CLOSE:
         x->closing = 1;
         return sx_release(x, ATTND_SX_WHY_DISCONNECT, now, t);
+    case ATTND_SX_QUEUE_FAILED: /* what was queued runs out first: its blocks stay until then */
+        return sx_release(x, ATTND_SX_WHY_FAULT, now, t);
     default:
         return 0;
     }

@@ -11,8 +11,9 @@
  *           output; the worker's stream waits for 1 before using it (and writes every o word
  *           back to 0 before its next step's first signal).
  * Fixed values (set 1 / wait-equal 1 / reset 0) on both sides, so a worker's captured CUDA graph
- * replays the same operations every step; a step's layers are queued on the daemon's stream at
- * BeginStep, its EndStep answers once that stream ran them.
+ * replays the same operations every step; a step's layers are queued on the daemon's stream
+ * right after BeginStep's reply (the worker's stream waits for them anyway, so the reply does not
+ * wait for ~L x 4 queued operations), its EndStep answers once that stream ran them.
  *
  * Nothing waits forever: a step not done by its deadline (and an abort or a disconnect while its
  * layers are queued) is released: the daemon writes its own qkv words from the host, its stream
@@ -41,14 +42,15 @@ typedef enum attnd_sx_state {
 } attnd_sx_state;
 
 typedef enum attnd_sx_event {
-    ATTND_SX_BEGIN,      /* a step's layers were queued (only from IDLE) */
-    ATTND_SX_END,        /* EndStep, commit */
-    ATTND_SX_ABORT,      /* EndStep, abort */
-    ATTND_SX_DRAINED,    /* the stream has nothing left queued */
-    ATTND_SX_FAULT,      /* the stream's work failed (a device error) */
-    ATTND_SX_TICK,       /* time passed: deadlines */
-    ATTND_SX_DISCONNECT, /* the worker's connection dropped */
-    ATTND_SX_CLOSE,      /* CloseStream */
+    ATTND_SX_BEGIN,        /* a step's layers were queued (only from IDLE) */
+    ATTND_SX_END,          /* EndStep, commit */
+    ATTND_SX_ABORT,        /* EndStep, abort */
+    ATTND_SX_DRAINED,      /* the stream has nothing left queued */
+    ATTND_SX_FAULT,        /* the stream's work failed (a device error) */
+    ATTND_SX_TICK,         /* time passed: deadlines */
+    ATTND_SX_DISCONNECT,   /* the worker's connection dropped */
+    ATTND_SX_CLOSE,        /* CloseStream */
+    ATTND_SX_QUEUE_FAILED, /* queueing the step's layers failed after BeginStep answered */
 } attnd_sx_event;
 
 /* Why a step was released (for the EndStep reply and the logs). */
@@ -57,7 +59,7 @@ typedef enum attnd_sx_why {
     ATTND_SX_WHY_TIMEOUT,    /* not done by its deadline */
     ATTND_SX_WHY_ABORT,      /* EndStep abort while its layers were queued */
     ATTND_SX_WHY_DISCONNECT, /* connection dropped, or CloseStream, while they were queued */
-    ATTND_SX_WHY_FAULT,      /* the stream's work failed */
+    ATTND_SX_WHY_FAULT,      /* the stream's work failed, or could not be queued */
 } attnd_sx_why;
 
 /* Actions, a bit mask. */

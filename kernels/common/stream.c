@@ -52,17 +52,23 @@ attnd_err attnd_stream_select(attnd_backend *b, attnd_stream *s)
 
 attnd_err attnd_stream_wait_value(attnd_backend *b, attnd_stream *s, uint32_t *flag, uint32_t value)
 {
-    if (is_cpu(b)) return attnd_cpu_stream_value(s, 0, flag, value);
-    IF_CUDA(b, attnd_cuda_stream_value(b, s, 0, flag, value));
+    if (is_cpu(b)) return attnd_cpu_stream_value(s, 0, flag, 1, value);
+    IF_CUDA(b, attnd_cuda_stream_value(b, s, 0, flag, 1, value));
+    return no_streams(b);
+}
+
+attnd_err attnd_stream_write_values(attnd_backend *b, attnd_stream *s, uint32_t *flag,
+                                    uint32_t count, uint32_t value)
+{
+    if (is_cpu(b)) return attnd_cpu_stream_value(s, 1, flag, count, value);
+    IF_CUDA(b, attnd_cuda_stream_value(b, s, 1, flag, count, value));
     return no_streams(b);
 }
 
 attnd_err attnd_stream_write_value(attnd_backend *b, attnd_stream *s, uint32_t *flag,
                                    uint32_t value)
 {
-    if (is_cpu(b)) return attnd_cpu_stream_value(s, 1, flag, value);
-    IF_CUDA(b, attnd_cuda_stream_value(b, s, 1, flag, value));
-    return no_streams(b);
+    return attnd_stream_write_values(b, s, flag, 1, value);
 }
 
 attnd_err attnd_stream_after_backend(attnd_backend *b, attnd_stream *s)

@@ -12,9 +12,9 @@ extern "C" {
 attnd_err attnd_cuda_stream_create(attnd_backend *b, attnd_stream **s);
 void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s);
 attnd_err attnd_cuda_stream_select(attnd_backend *b, attnd_stream *s);
-/* Queue a wait for (write 0) or a write of (write 1) value at flag. */
+/* Queue a wait for (write 0) value at flag, or a write (write 1) of value to count words. */
 attnd_err attnd_cuda_stream_value(attnd_backend *b, attnd_stream *s, int write, uint32_t *flag,
-                                  uint32_t value);
+                                  uint32_t count, uint32_t value);
 attnd_err attnd_cuda_stream_after_backend(attnd_backend *b, attnd_stream *s);
 attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag, uint32_t value);
 attnd_err attnd_cuda_stream_query(attnd_backend *b, attnd_stream *s);

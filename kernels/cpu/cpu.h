@@ -39,7 +39,9 @@ attnd_err attnd_cpu_stream_create(attnd_backend *b, attnd_stream **s);
 void attnd_cpu_stream_destroy(attnd_backend *b, attnd_stream *s);
 attnd_err attnd_cpu_stream_select(attnd_backend *b, attnd_stream *s);
 /* Queue a wait for (write 0) or a write of (write 1) value at flag. */
-attnd_err attnd_cpu_stream_value(attnd_stream *s, int write, uint32_t *flag, uint32_t value);
+/* Queue a wait for flag == value (count 1), or a write of value to count words from flag. */
+attnd_err attnd_cpu_stream_value(attnd_stream *s, int write, uint32_t *flag, uint32_t count,
+                                 uint32_t value);
 attnd_err attnd_cpu_stream_query(attnd_backend *b, attnd_stream *s);
 
 /* The ops table's entries: each runs its attnd_cpu_* op through attnd_cpu_run (ops_run.c). */

@@ -76,7 +76,8 @@ static void item_run(attnd_stream *s, stream_item *it)
         item_wait(s, it->flag, it->value);
         break;
     case ITEM_WRITE:
-        __atomic_store_n(it->flag, it->value, __ATOMIC_RELEASE);
+        for (int32_t i = 0; i < it->n; i++)
+            __atomic_store_n(it->flag + i, it->value, __ATOMIC_RELEASE);
         break;
     case ITEM_CALL:
         item_call(s, it);
@@ -191,11 +192,13 @@ attnd_err attnd_cpu_stream_select(attnd_backend *b, attnd_stream *s)
     return ATTND_ERR_OK;
 }
 
-attnd_err attnd_cpu_stream_value(attnd_stream *s, int write, uint32_t *flag, uint32_t value)
+attnd_err attnd_cpu_stream_value(attnd_stream *s, int write, uint32_t *flag, uint32_t count,
+                                 uint32_t value)
 {
     stream_item *it = item_new(write ? ITEM_WRITE : ITEM_WAIT, 0);
     if (it == NULL) return ATTND_ERR_NO_MEMORY;
     it->flag = flag;
+    it->n = (int32_t)count;
     it->value = value;
     return stream_push(s, it);
 }

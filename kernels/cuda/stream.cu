@@ -172,10 +172,19 @@ extern "C" attnd_err attnd_cuda_stream_select(attnd_backend *b, attnd_stream *s)
 }
 
 extern "C" attnd_err attnd_cuda_stream_value(attnd_backend *b, attnd_stream *s, int write,
-                                             uint32_t *flag, uint32_t value)
+                                             uint32_t *flag, uint32_t count, uint32_t value)
 {
     attnd_cuda *c = attnd_cuda_of(b);
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)flag;
+    if (write && count > 1 && value == 0) { /* a step's resets: one memset, not count writes */
+        cudaError_t e = cudaMemsetAsync(flag, 0, (size_t)count * sizeof *flag, s->stream);
+        if (e != cudaSuccess) cudaGetLastError(); /* not sticky: clear it for the next call */
+        return attnd_cuda_check(b, e, "cudaMemsetAsync (flag words)");
+    }
+    for (uint32_t i = 1; write && i < count; i++) {
+        attnd_err rv = attnd_cuda_stream_value(b, s, 1, flag + i, 1, value);
+        if (rv != ATTND_ERR_OK) return rv;
+    }
     if (write)
         return driver_check(
             b,

@@ -505,6 +505,12 @@ ATTND_CLIENT_API attnd_err attnd_client_attend_async(attnd_client_stream *s, uin
  * then written from here (see above) and the channel is failed. */
 ATTND_CLIENT_API attnd_err attnd_client_stream_end(attnd_client_stream *s, uint64_t step,
                                                    int abort);
+/* The caller's stream may run a step's signals and waits before its StreamBegin answered (the
+ * words of the step before were reset before its StreamEnd returned), so a replay can be launched
+ * while StreamBegin travels. When that StreamBegin then fails, the daemon runs none of the
+ * step: this writes the caller's own flag words from here, as a failed StreamEnd does, so that no
+ * queued wait stalls; the step's outputs are garbage and the channel is failed. */
+ATTND_CLIENT_API void attnd_client_stream_release(attnd_client_stream *s);
 
 /* ---------------------------------------------------------------- layout, for bindings */
 

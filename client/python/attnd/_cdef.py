@@ -245,6 +245,7 @@ attnd_err attnd_client_stream_signal(attnd_client_stream *s, uint32_t layer, voi
 attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer, void *stream);
 attnd_err attnd_client_attend_async(attnd_client_stream *s, uint32_t layer, void *stream);
 attnd_err attnd_client_stream_end(attnd_client_stream *s, uint64_t step, int abort);
+void attnd_client_stream_release(attnd_client_stream *s);
 
 size_t attnd_client_abi_offset(const char *type, const char *field);
 """

@@ -18,6 +18,7 @@ own flag words when StreamEnd fails).
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -48,6 +49,15 @@ def _copy(dst: Any, src: Any) -> None:
         dst[...] = src
 
 
+def _identity(x: Any) -> Any:
+    """What a tensor reference depends on (the object kept alive by the cache holding it)."""
+    if x is None:
+        return None
+    if hasattr(x, "data_ptr"):
+        return (id(x), x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+    return (id(x), x.__array_interface__["data"][0], x.shape, x.strides)
+
+
 def stream_ptr(stream: Any) -> Any:
     """The CUstream of a torch.cuda.Stream (None: torch's current one) as a void *."""
     if isinstance(stream, int):
@@ -72,6 +82,11 @@ class StreamChannel:
         p = ffi.new("attnd_client_stream **")
         client._check(self._lib.attnd_client_stream_open(client._c, p))
         self._s: Any = p[0]
+        # the last StreamBegin's arguments as C structs: a replayed step sends the same ones,
+        # and building them anew costs ~100 us of Python per step
+        self._last_layer: tuple[Any, Any, tuple[Any, ...]] | None = None
+        self._last_seqs: tuple[tuple[tuple[int, int], ...], Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def id(self) -> int:
@@ -83,9 +98,13 @@ class StreamChannel:
         return self._s is not None and bool(self._lib.attnd_client_stream_failed(self._s))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         if self._s is not None:
             self._lib.attnd_client_stream_close(self._s)
             self._s = None
+        self._last_layer = self._last_seqs = None
 
     def __enter__(self) -> StreamChannel:
         return self
@@ -102,16 +121,47 @@ class StreamChannel:
         (q/out [T, q_heads, head], k/v [T, kv_heads, head], lse [q_heads, T] f32 or None), in
         registered regions (device memory on a CUDA daemon): T rows of each are used. The daemon
         queues every layer's cache write and attention behind its flag word."""
-        refs = self._client._refs()
-        layer = ffi.new("attnd_stream_layer *", {"q": refs(q), "k_new": refs(k), "v_new": refs(v),
-                                                 "out": refs(out, True),
-                                                 "out_lse": refs(lse, True)})
-        arr = ffi.new("attnd_step_seq[]", [{"seq_id": s, "new_tokens": n} for s, n in seqs])
+        layer = self._layer(q, k, v, out, lse)
+        arr = self._seqs(seqs)
         qsl = ffi.new("uint32_t[]", len(seqs) + 1)
         st = ffi.new("attnd_step *")
         self._client._check(self._lib.attnd_client_stream_begin(self._s, arr, len(seqs), layer, 1,
                                                                 st, qsl))
         return StreamStep(int(st.id), int(st.num_tokens), tuple(qsl), q, k, v, out)
+
+    def _layer(self, q: Any, k: Any, v: Any, out: Any, lse: Any) -> Any:
+        key = tuple(_identity(x) for x in (q, k, v, out, lse))
+        if self._last_layer is not None and self._last_layer[0] == key:
+            return self._last_layer[1]
+        refs = self._client._refs()
+        layer = ffi.new("attnd_stream_layer *", {"q": refs(q), "k_new": refs(k), "v_new": refs(v),
+                                                 "out": refs(out, True),
+                                                 "out_lse": refs(lse, True)})
+        # refs keeps the C refs the layer points at, the tensors keep key's ids theirs
+        self._last_layer = (key, layer, (refs, q, k, v, out, lse))
+        return layer
+
+    def _seqs(self, seqs: Sequence[tuple[int, int]]) -> Any:
+        key = tuple((int(s), int(n)) for s, n in seqs)
+        if self._last_seqs is None or self._last_seqs[0] != key:
+            self._last_seqs = (key, ffi.new("attnd_step_seq[]", [{"seq_id": s, "new_tokens": n}
+                                                                 for s, n in key]))
+        return self._last_seqs[1]
+
+    def begin_async(self, seqs: Sequence[tuple[int, int]], q: Any, k: Any, v: Any, out: Any,
+                    lse: Any = None) -> Future[StreamStep]:
+        """begin on the channel's own thread: launch the step's work (a graph replay) while it
+        travels, then take its result. If it fails, the caller's stream may already wait on the
+        step: call release() (its waits pass, the outputs are garbage, the channel fails)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"attnd-stream-{self.id}")
+        return self._pool.submit(self.begin, seqs, q, k, v, out, lse)
+
+    def release(self) -> None:
+        """Write this side's flag words from the host: every wait queued on the caller's stream
+        passes (after a StreamBegin that failed while its work was already queued)."""
+        if self._s is not None:
+            self._lib.attnd_client_stream_release(self._s)
 
     def signal(self, layer: int, stream: Any = None) -> None:
         """Queue on stream: layer's Q/K/V are in place."""

@@ -328,6 +328,11 @@ class Generator:
         self.stream = (client.backend == "cuda" and client.url.startswith("ipc://")
                        and device.type == "cuda") if stream is None else stream
         self._channel: StreamChannel | None = None
+        # the step buffers (registered with the daemon) and the stream channel now, as an
+        # engine sets up at start: the first step would otherwise pay their allocation, CUDA IPC
+        # export and the daemon's mapping (a region of max_step_tokens rows)
+        self._workspace_for(self.max_step_tokens, next(model.parameters()).dtype, device)
+        self._stream_channel()
 
     # ------------------------------------------------------------------ sequences
     def add(self, prompt: Sequence[int], max_new_tokens: int) -> Generation:
@@ -351,10 +356,14 @@ class Generator:
         return s
 
     def close(self) -> None:
-        """Free every unfinished sequence in the daemon (and close the stream channel)."""
+        """Free every unfinished sequence in the daemon; close the stream channel and release
+        the step buffers."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        if self._workspace is not None:
+            self._workspace.close()
+            self._workspace = None
         for s in self.seqs:
             if not s.finished:
                 s.finished = True

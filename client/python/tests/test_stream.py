@@ -105,6 +105,58 @@ def test_stream_steps_equal_attend_bit_for_bit(daemon):
         assert a.query(1)["num_tokens"] == 15
 
 
+def run_stream_begin_async(c: attnd.Client, ch: attnd.StreamChannel) -> list[np.ndarray]:
+    """As run_stream, with each step's layer 0 signalled while its StreamBegin travels (a
+    replayed graph launched before the reply)."""
+    b, outs = Buffers(c), []
+    for s in (1, 2):
+        c.create(s)
+    for k, seqs in enumerate(STEPS):
+        t = sum(n for _, n in seqs)
+        q, kk, v, o = b.rows(t)
+        for dst, src in zip((q, kk, v), inputs(k, 0, t)):
+            put(dst, src)
+        pending = ch.begin_async(seqs, q, kk, v, o)
+        ch.signal(0)
+        st = pending.result()
+        ch.wait(0)
+        outs.append(host(o))
+        for layer in range(1, L):
+            for dst, src in zip((q, kk, v), inputs(k, layer, t)):
+                put(dst, src)
+            outs.append(host(ch.attend(st, layer)))
+        ch.end(st)
+    return outs
+
+
+def test_work_queued_before_stream_begin_answers(daemon):
+    with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
+        got, want = run_stream_begin_async(a, ch), run_attend(b)
+        assert len(got) == len(want) == len(STEPS) * L
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)
+        assert not ch.failed
+
+
+def test_a_failed_begin_behind_queued_work_is_released(daemon):
+    with attnd.Client(daemon.url) as c, c.stream() as ch:
+        b = Buffers(c)
+        pending = ch.begin_async([(77, 1)], *b.rows(1))  # no such sequence
+        ch.signal(0)
+        with pytest.raises(attnd.AttndError, match="77"):
+            pending.result()
+        ch.release()
+        if CUDA:  # the queued wait passes: the stream drains
+            import torch
+
+            ch.wait(0)
+            torch.cuda.synchronize()
+        else:
+            with pytest.raises(attnd.AttndError, match="released"):
+                ch.wait(0)
+        assert ch.failed
+
+
 def test_a_stalled_step_times_out_and_fails_the_channel(daemon):
     with attnd.Client(daemon.url) as c:
         ch = c.stream()

@@ -176,6 +176,25 @@ def test_attention_outside_a_step_and_missing_layers_fail():
         assert c.query(s.seq_id)["num_tokens"] == 0  # the step was aborted
 
 
+def test_the_generator_sets_up_at_construction_and_releases_at_close():
+    """The step buffers are registered when the Generator is made (as an engine sets up at
+    start, not in its first step) and unregistered when it closes."""
+    at.register()
+    model = llama().eval().to(DEVICE)
+    model.config._attn_implementation = at.NAME
+    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=32)["geometry"]
+    with Daemon(geometry) as d, at.connect(model, d.url) as c:
+        before = len(c._regions)
+        gen = at.Generator(model, c, max_step_tokens=MAX_STEP_TOKENS)
+        assert len(c._regions) == before + 1
+        s = gen.add([1, 2, 3], 2)
+        gen.run()
+        assert len(s.generated) == 2
+        assert len(c._regions) == before + 1, "the steps reuse the buffers made at construction"
+        gen.close()
+        assert len(c._regions) == before
+
+
 def test_generator_refuses_a_mismatched_daemon():
     at.register()
     model = llama().eval()

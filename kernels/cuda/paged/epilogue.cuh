@@ -49,11 +49,11 @@ attnd_paged_store_rows_as(const attnd_paged_kargs &a, F o, const float m[2], con
 template <bool SINKS>
 __device__ __forceinline__ float attnd_paged_row_end(const attnd_paged_kargs &a, float m, float l,
                                                      int idx, int rows_total, int q_start, int kvh,
-                                                     int t4)
+                                                     int t4, const attnd_divmod &gd)
 {
     float L = attnd_quad_sum(l), M = m;
     if (idx >= rows_total) return 0.0f;
-    const int g = a.group, tok = q_start + idx / g, head = kvh * g + idx % g;
+    const int qt = gd.div(idx), tok = q_start + qt, head = kvh * a.group + gd.mod(idx, qt);
     float f = 1.0f;
     if constexpr (SINKS) f = attnd_paged_sink(a, head, &M, &L);
     if (a.p.out_lse.data && t4 == 0)
@@ -71,7 +71,7 @@ template <int NB, bool SINKS, class F>
 __device__ __forceinline__ void
 attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], const float l[2],
                             int wrow0, int rows_total, int q_start, int kvh, int lane, uint32_t buf,
-                            int lrow0)
+                            int lrow0, const attnd_divmod &gd)
 {
     const int t4 = lane & 3, g = a.group, d_act = (int)a.p.q.shape[2];
     const bool bf = a.p.out.dtype == ATTND_DTYPE_BF16;
@@ -79,7 +79,7 @@ attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], c
     for (int r = 0; r < 2; r++) {
         const int lr = (lane >> 2) + 8 * r;
         const float inv =
-            attnd_paged_row_end<SINKS>(a, m[r], l[r], wrow0 + lr, rows_total, q_start, kvh, t4);
+            attnd_paged_row_end<SINKS>(a, m[r], l[r], wrow0 + lr, rows_total, q_start, kvh, t4, gd);
 #pragma unroll
         for (int n = 0; n < NB; n++) {
             const float x = o(n, 2 * r) * inv, y = o(n, 2 * r + 1) * inv;
@@ -101,9 +101,13 @@ attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], c
                      : "r"(buf + (ch >> 3) * (64 * 128) + (uint32_t)(lr * 128) +
                            ((uint32_t)((ch & 7) ^ (lr & 7)) << 4))
                      : "memory");
-        const int tok = q_start + idx / g, head = kvh * g + idx % g;
-        *(uint4 *)((uint16_t *)a.p.out.data + (int64_t)tok * a.p.out.strides[0] +
-                   (int64_t)head * a.p.out.strides[1] + ch * 8) = x;
+        const int qt = gd.div(idx), tok = q_start + qt, head = kvh * g + gd.mod(idx, qt);
+        // one 16-byte store (a plain uint4 store compiled to four 4-byte ones)
+        const uint16_t *dst = (const uint16_t *)a.p.out.data + (int64_t)tok * a.p.out.strides[0] +
+                              (int64_t)head * a.p.out.strides[1] + ch * 8;
+        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(x.x), "r"(x.y),
+                     "r"(x.z), "r"(x.w)
+                     : "memory");
     }
 }
 

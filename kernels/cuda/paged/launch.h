@@ -26,11 +26,14 @@ enum {
 
 // Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
 enum {
-    ATTND_SM90_NO_PINGPONG = 1,  // consumers issue their GEMMs without taking turns
-    ATTND_SM90_NO_SECTIONS = 2,  // tiles ordered without regard to the L2
-    ATTND_SM90_NO_QPREFETCH = 4, // Q loaded when its tile starts, not during the previous one
-    ATTND_SM90_NO_DEEP_K = 8,    // as many K stages as V stages
-    ATTND_SM90_NO_SMEM_EPI = 16  // rows stored straight from the fragments, not via shared memory
+    ATTND_SM90_NO_PINGPONG = 1,    // consumers issue their GEMMs without taking turns
+    ATTND_SM90_NO_SECTIONS = 2,    // tiles ordered without regard to the L2
+    ATTND_SM90_NO_QPREFETCH = 4,   // Q loaded when its tile starts, not during the previous one
+    ATTND_SM90_NO_DEEP = 8,        // as many K stages as V stages (no third stage at head 128)
+    ATTND_SM90_NO_SMEM_EPI = 16,   // rows stored straight from the fragments, not via shared memory
+    ATTND_SM90_NO_RANGE_MASK = 32, // masked tiles tested per logit, not by a column range per row
+    ATTND_SM90_DEEP_K_NOT_V = 64,  // head 128: the third stage holds K, not V
+    ATTND_SM90_NO_LATE_WAIT = 128  // P V waited for before the softmax of the next tile
 };
 
 // What a launch needs besides the kernel arguments; the caller owns the stream.

@@ -79,16 +79,21 @@ cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
     if constexpr (CORE == ATTND_CORE_SM90_VARLEN) {
         return attnd_paged_run_sm90<
-            attnd_paged_sm90_traits<D_PAD, KV, true, false, ATTND_SRC_CONTIG>>(a, l);
+            attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false, ATTND_SRC_CONTIG>>(a, l);
     } else if constexpr (CORE == ATTND_CORE_SM90_SPARSE) {
         return attnd_paged_run_sm90<
-            attnd_paged_sm90_traits<D_PAD, KV, false, false, ATTND_SRC_SPARSE>>(a, l);
+            attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_NONE, false, ATTND_SRC_SPARSE>>(a,
+                                                                                               l);
     } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL_SINKS) {
-        return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, true, true>>(a, l);
+        return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, true>>(a,
+                                                                                                 l);
     } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
-        if constexpr (D_PAD == 128)
-            if (l.sm90_off & ATTND_SM90_NO_DEEP_K)
-                return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, false>>(a, l);
+        if constexpr (D_PAD == 128) {
+            typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_NONE> none;
+            typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_K> deep_k;
+            if (l.sm90_off & ATTND_SM90_NO_DEEP) return attnd_paged_run_sm90<none>(a, l);
+            if (l.sm90_off & ATTND_SM90_DEEP_K_NOT_V) return attnd_paged_run_sm90<deep_k>(a, l);
+        }
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV>>(a, l);
     } else
         return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, CORE == ATTND_CORE_SM80_DECODE>>(

@@ -35,12 +35,15 @@
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
-// DEEP_K: one more K stage than V stages where shared memory allows (head 128), so the K tile a
-// new work tile starts with is in flight earlier.
+// DEEP: where shared memory has room for a third stage (head 128): 0 none, ATTND_SM90_DEEP_K a
+// third K stage (the K tile a new work tile starts with in flight earlier), ATTND_SM90_DEEP_V a
+// third V stage (a V stage is held until its P V is done, a K stage only until its Q K^T is).
 // SINKS: the epilogue folds each head's sink in (an instantiation of its own, so that the core
 // without sinks keeps its plain epilogue).
 // MODE: where K/V come from (ATTND_SRC_*).
-template <int D_PAD_, int KV_, bool DEEP_K = true, bool SINKS = false, int MODE_ = ATTND_SRC_PAGED>
+enum { ATTND_SM90_DEEP_NONE = 0, ATTND_SM90_DEEP_K = 1, ATTND_SM90_DEEP_V = 2 };
+template <int D_PAD_, int KV_, int DEEP = ATTND_SM90_DEEP_V, bool SINKS = false,
+          int MODE_ = ATTND_SRC_PAGED>
 struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
@@ -52,8 +55,11 @@ struct attnd_paged_sm90_traits {
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
     static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
-    static constexpr int NSTAGES = D_PAD <= 64 ? 4 : 2; // V stages
-    static constexpr int KSTAGES = NSTAGES + (DEEP_K && !SPARSE && D_PAD == 128 ? 1 : 0);
+    static constexpr int BASE_STAGES = D_PAD <= 64 ? 4 : 2;
+    static constexpr bool THIRD = !SPARSE && D_PAD == 128; // room for a third stage
+    static constexpr int NSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_V); // V stages
+    static constexpr int KSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_K);
+    static constexpr int MSTAGES = KSTAGES > NSTAGES ? KSTAGES : NSTAGES; // barriers per kind
     static constexpr int SLABS = D_PAD / 64;       // 64-column slabs of a row
     static constexpr int KSTEPS = D_PAD / 16;      // k16 steps of Q K^T
     static constexpr int SR = BLOCK_N / 8;         // S chunks of 8 columns
@@ -72,10 +78,11 @@ struct attnd_paged_sm90_traits {
     // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
     static constexpr int KB_MAX = SPARSE ? 2048 : 0;
     static constexpr int KINFO_INTS = BLOCK_N + 4;
-    static constexpr int KINFO_OFF = BAR_OFF + 4 * KSTAGES * 8;
+    static constexpr int KINFO_OFF = BAR_OFF + 4 * MSTAGES * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
-    static constexpr int SMEM_BYTES = KLIST_OFF + KB_MAX * 4 + 1024; // + base alignment
+    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4;      // a word per consumer thread
+    static constexpr int SMEM_BYTES = ORDER_OFF + 256 * 4 + 1024; // + base alignment
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -178,15 +185,15 @@ template <class Tr> struct attnd_sm90_smem {
     }
     __device__ __forceinline__ uint32_t full_v(int st) const
     {
-        return full_k(Tr::KSTAGES + st);
+        return full_k(Tr::MSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_k(int st) const
     {
-        return full_k(2 * Tr::KSTAGES + st);
+        return full_k(2 * Tr::MSTAGES + st);
     }
     __device__ __forceinline__ uint32_t empty_v(int st) const
     {
-        return full_k(3 * Tr::KSTAGES + st);
+        return full_k(3 * Tr::MSTAGES + st);
     }
     // sparse: generic pointers to the key info of K stage st, the block masks, the list
     __device__ __forceinline__ int32_t *kinfo(int st) const
@@ -453,6 +460,9 @@ template <class Tr> struct attnd_sm90_consumer {
     attnd_sm90_smem<Tr> sm;
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
+    bool exact_mask = false; // masked tiles through visible() per logit (measurements)
+    bool late_wait = true;   // P V waited for after the softmax, not before (measurements)
+    attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -465,7 +475,8 @@ template <class Tr> struct attnd_sm90_consumer {
             const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
             float f[8];
             if (idx < w.rows_total && ch * 8 < d_act) {
-                const int tok = w.q_start + idx / g, head = w.kvh * g + idx % g;
+                const int qt = gd.div(idx), tok = w.q_start + qt,
+                          head = w.kvh * g + gd.mod(idx, qt);
                 attnd_ld8(a.p.q.data, a.p.q.dtype,
                           (int64_t)tok * a.p.q.strides[0] + (int64_t)head * a.p.q.strides[1] +
                               ch * 8,
@@ -499,7 +510,8 @@ template <class Tr> struct attnd_sm90_consumer {
         for (int c = ctid; c < 64 * QC; c += 128) {
             const int r = c / QC, ch = c % QC, idx = w.row0 + wg * 64 + r;
             const bool ok = idx < w.rows_total && ch * 8 < d_act;
-            const int tok = ok ? w.q_start + idx / g : 0, head = ok ? w.kvh * g + idx % g : 0;
+            const int qt = gd.div(idx);
+            const int tok = ok ? w.q_start + qt : 0, head = ok ? w.kvh * g + gd.mod(idx, qt) : 0;
             const uint16_t *src = (const uint16_t *)a.p.q.data + (int64_t)tok * a.p.q.strides[0] +
                                   (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
             attnd_cp_async16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7), src,
@@ -568,14 +580,21 @@ template <class Tr> struct attnd_sm90_consumer {
     // This lane's rows of tile w (idx0 and idx0 + 8) and its warp's position range.
     __device__ __forceinline__ void rows_of(const attnd_sm90_tile &w, attnd_sm90_rows &r) const
     {
-        const int g = a.group, wrow0 = w.row0 + wg * 64 + wq * 16;
+        const int wrow0 = w.row0 + wg * 64 + wq * 16;
         r.idx0 = wrow0 + (lane >> 2);
+        const float *slopes = (const float *)a.p.alibi_slopes.data;
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-            attnd_paged_row(a, r.idx0 + 8 * i, w.rows_total, w.ctx, w.kvh, &r.pos[i], &r.slope2[i]);
+        for (int i = 0; i < 2; i++) { // attnd_paged_row with the division by the group folded
+            const int idx = r.idx0 + 8 * i, qt = gd.div(idx);
+            const bool ok = idx < w.rows_total;
+            r.pos[i] = ok ? w.ctx + qt : -1;
+            const int64_t h = (int64_t)(w.kvh * a.group + gd.mod(idx, qt));
+            r.slope2[i] =
+                ok && slopes ? slopes[h * a.p.alibi_slopes.strides[0]] * ATTND_LOG2E : 0.0f;
+        }
         r.warp_rows = wrow0 < w.rows_total;
-        r.wpos_min = w.ctx + wrow0 / g;
-        r.wpos_max = w.ctx + min(wrow0 + 15, w.rows_total - 1) / g;
+        r.wpos_min = w.ctx + gd.div(wrow0);
+        r.wpos_max = w.ctx + gd.div(min(wrow0 + 15, w.rows_total - 1));
         r.wbits = 0;
         if constexpr (Tr::SPARSE) { // the producer's numbering (gather)
             const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2;
@@ -599,6 +618,20 @@ template <class Tr> struct attnd_sm90_consumer {
         } else {
             return attnd_paged_visible(j * Tr::BLOCK_N + col, r.pos[e >> 1], w.seq_len,
                                        a.p.sliding_window);
+        }
+    }
+
+    // Columns of tile j this lane's rows see, as a range per row relative to its first column
+    // (2 (lane & 3)): visible iff lo <= n * 8 + (e & 1) <= hi (the test of visible() folded
+    // into one range per row, so a masked tile costs two compares per logit).
+    __device__ __forceinline__ void col_range(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
+                                              int j, int (&lo)[2], int (&hi)[2]) const
+    {
+        const int c0 = j * Tr::BLOCK_N + 2 * (lane & 3), sw = a.p.sliding_window;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            hi[i] = min(w.seq_len - 1, r.pos[i]) - c0; // pos -1 (no row): nothing visible
+            lo[i] = (sw > 0 ? r.pos[i] - sw + 1 : 0) - c0;
         }
     }
 
@@ -626,6 +659,13 @@ template <class Tr> struct attnd_sm90_consumer {
         constexpr int SR = Tr::SR;
         const int t0 = j * Tr::BLOCK_N, t4 = lane & 3;
         const bool need_mask = !unmasked(w, r, j, st);
+        int lo[2] = {0, 0}, hi[2] = {0, 0};
+        if (!Tr::SPARSE && need_mask) col_range(w, r, j, lo, hi);
+        auto sees = [&](int n, int e) {
+            if (Tr::SPARSE || exact_mask) return visible(w, r, j, st, n, e);
+            const int k = n * 8 + (e & 1);
+            return k >= lo[e >> 1] && k <= hi[e >> 1];
+        };
         float c = a.qk_scale_log2;
         if (!a.plain) {
             c = 1.0f;
@@ -638,7 +678,7 @@ template <class Tr> struct attnd_sm90_consumer {
                     float x = s[n][e] * a.qk_scale;
                     if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
                     x = x * ATTND_LOG2E + r.slope2[e >> 1] * (float)(tt - ps);
-                    if (need_mask && !visible(w, r, j, st, n, e)) x = attnd_neg_inf();
+                    if (need_mask && !sees(n, e)) x = attnd_neg_inf();
                     s[n][e] = x;
                 }
         } else if (need_mask) {
@@ -646,7 +686,7 @@ template <class Tr> struct attnd_sm90_consumer {
             for (int n = 0; n < SR; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (!visible(w, r, j, st, n, e)) s[n][e] = attnd_neg_inf();
+                    if (!sees(n, e)) s[n][e] = attnd_neg_inf();
         }
         float mx[2] = {attnd_neg_inf(), attnd_neg_inf()}, ms[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -749,15 +789,19 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_wgmma_fence();
             gemm_qk(s, sk, qb);
             attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
+            attnd_wgmma_fence(); // after the wait's loop (else ptxas injects it: C7519)
             gemm_pv(acc.o, pf, sv, first_pv);
             if (pingpong) attnd_bar_arrive(2 - wg, 256); // the other's turn
             first_pv = false;
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
             if (!Tr::SPARSE) release_k(sk);
+            if (!late_wait) attnd_wgmma_wait<0>(); // the order ptxas chose before
             softmax(w, r, j, sk, s, acc);
             if (Tr::SPARSE) release_k(sk);
             nk++;
+            attnd_order_before_wait(sm.base + Tr::ORDER_OFF + 4 * (wg * 128 + ctid),
+                                    acc.l[0] + acc.l[1]);
             attnd_wgmma_wait<0>();
             fence_o(acc);
             attnd_fence_regs(pf);
@@ -787,6 +831,9 @@ template <class Tr> struct attnd_sm90_consumer {
 template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, int off)
 {
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
+    exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
+    late_wait = !(off & ATTND_SM90_NO_LATE_WAIT);
+    gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
         Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
@@ -852,7 +899,7 @@ attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const attnd_sm90_rows &
         attnd_bar_sync(3 + wg, 128); // every warp's wgmma reads of the buffer are done
         attnd_paged_store_rows_smem<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, o, acc.m, acc.l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
-            sm.q(wg, qb), wq * 16);
+            sm.q(wg, qb), wq * 16, gd);
     } else {
         attnd_paged_store_rows_as<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, o, acc.m, acc.l, r.idx0, w.rows_total, w.q_start, w.kvh, lane & 3);

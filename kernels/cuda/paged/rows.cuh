@@ -28,6 +28,27 @@ __device__ __forceinline__ attnd_paged_seq attnd_paged_seq_at(const attnd_paged_
     return s;
 }
 
+// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift, d fixed per launch (the
+// packed rows' token and head: a run-time integer division is ~20 instructions).
+struct attnd_divmod {
+    uint32_t d, mul, shift;
+    __device__ __forceinline__ void init(int d_)
+    {
+        d = (uint32_t)d_;
+        const uint32_t l = 32 - __clz(d - 1); // ceil(log2 d)
+        mul = d == 1 ? 0u : (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
+        shift = d == 1 ? 0u : l - 1;
+    }
+    __device__ __forceinline__ int div(int n) const
+    {
+        return d == 1 ? n : (int)(__umulhi((uint32_t)n, mul) >> shift);
+    }
+    __device__ __forceinline__ int mod(int n, int q) const
+    {
+        return n - q * (int)d;
+    }
+};
+
 // Keys [lo, hi) that rows at positions pos_min..pos_max may see: causal, the sliding window and,
 // with num_segments > 1, segment seg of the context (whole blocks, cdiv(blocks, segments) each).
 __device__ __forceinline__ void attnd_paged_range(const attnd_paged_kargs &a, int seq_len,

@@ -153,6 +153,15 @@ template <int N> __device__ __forceinline__ void attnd_wgmma_wait(void)
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// Keep the softmax ahead of the wgmma wait that follows: ptxas schedules a wgmma.wait_group as
+// early in its block as it can, so the P V a warpgroup issued before its softmax was waited for
+// before the softmax instead of running under it. A shared store of a value the softmax computed
+// last (each thread its own word, never read) stays ahead of the wait, and with it the softmax.
+__device__ __forceinline__ void attnd_order_before_wait(uint32_t addr, float v)
+{
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
 // Pin registers at this point of the program: the compiler may not move their reads or writes
 // across it (around the asynchronous wgmma, which it does not see through).
 template <int R> __device__ __forceinline__ void attnd_fence_regs(float (&d)[R][4])

@@ -333,6 +333,9 @@ attnd_err attnd_stream_wait_value(attnd_backend *b, attnd_stream *s, uint32_t *f
  * memory writes visible first). */
 attnd_err attnd_stream_write_value(attnd_backend *b, attnd_stream *s, uint32_t *flag,
                                    uint32_t value);
+/* The same for count consecutive words from flag, as one operation (a step's resets). */
+attnd_err attnd_stream_write_values(attnd_backend *b, attnd_stream *s, uint32_t *flag,
+                                    uint32_t count, uint32_t value);
 /* Queue on s: wait for the work queued on the backend's own stream so far. */
 attnd_err attnd_stream_after_backend(attnd_backend *b, attnd_stream *s);
 /* Write value to the word at flag from outside every stream, without waiting (cuda: a write on
