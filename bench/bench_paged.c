@@ -6,12 +6,13 @@
  *                                  / time, as ../shared/anchors/bench_anchors.py counts them
  *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
  *
- *   bench_paged [--sweep] [--quick] [--only SUBSTR]
+ *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR]
  *
  * --sweep also times every segment count of a small list for each decode case (the chosen one is
- * marked); --only runs the cases whose key (decode-bf16-1x32768, decode-fp8_e4m3-64x4096,
- * prefill-1x8192, ...) contains SUBSTR (for profilers). Prints one line per case and a summary
- * table last. */
+ * marked); --ab times each decode case's split with the reduce kernel too (the backend's
+ * split_reduce), alternating three rounds with the default merge; --only runs the cases whose key
+ * (decode-bf16-1x32768, decode-fp8_e4m3-64x4096, prefill-1x8192, ...) contains SUBSTR (for
+ * profilers). Prints one line per case and a summary table last. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +268,7 @@ static result *next_result(void)
     return &g_res[g_nres++];
 }
 static const char *g_only;
+static int g_ab; /* --ab: decode splits timed with the reduce kernel too */
 
 static int selected(const char *kind, const char *dt, int batch, int n)
 {
@@ -284,7 +286,7 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
     int chosen = pick_segments(batch, ctx);
-    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 16, 24, 33, 48, 66, 132};
+    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 48, 66, 132};
     int max_segs = chosen;
     if (sweep)
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
@@ -302,6 +304,16 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     r->segments = chosen;
     printf("%-28s segs=%-4d %8.4f ms %8.1f GB/s  (sets=%d)\n", r->name, chosen, ms, r->figure,
            nsets);
+    if (g_ab && chosen > 1) /* the chosen split, merged by tickets vs the reduce kernel */
+        for (int round = 0; round < 3; round++) {
+            float t[2];
+            for (int v = 0; v < 2; v++) {
+                attnd_cuda_of(g_b)->split_reduce = v;
+                t[v] = time_op(sets, nsets, chosen, 5, quick ? 20 : 100);
+            }
+            attnd_cuda_of(g_b)->split_reduce = 0;
+            printf("    ab segs=%-4d tickets %8.4f ms  reduce %8.4f ms\n", chosen, t[0], t[1]);
+        }
     if (sweep) {
         int nb = (ctx + BS - 1) / BS;
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++) {
@@ -374,10 +386,12 @@ int main(int argc, char **argv)
             sweep = 1;
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--ab") == 0)
+            g_ab = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             g_only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--quick] [--only SUBSTR]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR]\n", argv[0]);
             return 2;
         }
     }
@@ -408,9 +422,9 @@ int main(int argc, char **argv)
         if (dec[i][0] == 64) t_fp8_64 = t;
     }
     /* bench_hf.py's decode shapes (Llama-3-8B through attnd at 16 x 1024 and 32 x 2048 prompts,
-     * contexts mid-way through its 64 new tokens) */
-    static const int model_dec[2][2] = {{16, 1056}, {32, 2080}};
-    for (int i = 0; i < 2; i++)
+     * contexts mid-way through its 64 new tokens), and a small batch of 4 x 1024 */
+    static const int model_dec[3][2] = {{16, 1056}, {32, 2080}, {4, 1024}};
+    for (int i = 0; i < 3; i++)
         bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
     bench_prefill(1, 8192, quick);
     bench_prefill(8, 2048, quick);

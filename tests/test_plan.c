@@ -124,13 +124,28 @@ Test(plan, segments_keep_a_minimum_context_each, .timeout = 60)
     attnd_plan_opts o = attnd_plan_opts_for(16, 32, 8, 128, 132);
     cr_assert_eq(o.min_segment_tokens, ATTND_PLAN_MIN_SEGMENT_TOKENS);
     cr_assert_eq(attnd_plan_segments(&o, 1, 32768 / 16), 32,
-                 "1 x 32k: 33 waves' worth, 1024 "
-                 "tokens each at most 32");
+                 "1 x 32k: floor(264 / 8) = 33 rounded to 32");
     cr_assert_eq(attnd_plan_segments(&o, 8, 8192 / 16), 4, "8 x 8k: floor(264 / 64)");
     cr_assert_eq(attnd_plan_segments(&o, 16, 1056 / 16), 1, "16 x 1056: segments of 528 tokens");
     cr_assert_eq(attnd_plan_segments(&o, 32, 2080 / 16), 1, "32 x 2080: one wave already");
+    cr_assert_eq(attnd_plan_segments(&o, 4, 1024 / 16), 8,
+                 "4 x 1024: 32 of 132 units busy unsplit, so segments of 128 tokens");
+    cr_assert_eq(attnd_plan_segments(&o, 4, 512 / 16), 4, "4 x 512: 128 tokens each at least");
+    cr_assert_eq(attnd_plan_segments(&o, 2, 32768 / 16), 16, "2 x 32k: floor(264 / 16)");
+    cr_assert_eq(attnd_plan_segments(&o, 1, 1000 / 16), 7, "1 x 1000: 62 blocks, 992 / 128 = 7");
+    cr_assert_eq(attnd_plan_segments(&o, 1, 5), 1, "80 tokens: under 128, no split");
     o.min_segment_tokens = 0;
     cr_assert_eq(attnd_plan_segments(&o, 16, 1056 / 16), 2);
+}
+
+Test(plan, segments_come_in_whole_rounds_of_eight, .timeout = 60)
+{
+    attnd_plan_opts o = attnd_plan_opts_for(16, 32, 8, 128, 132);
+    cr_assert_eq(attnd_plan_segments(&o, 1, 1 << 16), 32, "floor(264 / 8) = 33 rounded to 32");
+    cr_assert_eq(attnd_plan_segments(&o, 1, 40), 5, "up to 8 kept as they are (640 / 128)");
+    o.num_kv_heads = 1;
+    cr_assert_eq(attnd_plan_segments(&o, 3, 1 << 16), 88, "floor(264 / 3) = 88");
+    cr_assert_eq(attnd_plan_segments(&o, 5, 1 << 16), 48, "floor(264 / 5) = 52 rounded to 48");
 }
 
 Test(plan, a_short_decode_batch_stays_2d, .timeout = 60)

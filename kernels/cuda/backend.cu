@@ -70,6 +70,7 @@ static void cuda_close(attnd_backend *b)
     cudaSetDevice(c->device);
     c->stream = c->home;
     cudaStreamSynchronize(c->stream);
+    if (c->tickets != NULL) attnd_cuda_free_later(b, ATTND_CUDA_FREE_DEVICE, c->tickets);
     attnd_cuda_streams_close(b);
     cudaStreamDestroy(c->stream);
     if (c->release != NULL) cudaStreamDestroy(c->release);

@@ -35,7 +35,15 @@ typedef struct attnd_cuda {
     struct attnd_cuda_deferred *deferred; /* stream.cu: frees put off while a stream was busy */
     uint32_t ndeferred;
     attnd_smem_optin optin; /* kernels opted into more shared memory (paged/launch_impl.cuh) */
+    /* Split-KV merge tickets (paged/launch.cu), per stream: ATTND_CUDA_TICKETS words zeroed once
+     * at allocation (the stream's first split launch), each reset by the merge that used it. */
+    unsigned *tickets;         /* the home stream's; NULL until needed */
+    unsigned **stream_tickets; /* the selected stream's slot (stream.cu); NULL: the home one */
+    int split_reduce; /* tests and benches: 1 merges split-KV partials with the reduce kernel */
 } attnd_cuda;
+
+/* Tickets per stream: a split launch with more (q-block, kv head) pairs uses the reduce kernel. */
+#define ATTND_CUDA_TICKETS 16384
 
 /* What a deferred free releases (stream.cu): cudaFree, cudaFreeHost, cudaIpcCloseMemHandle. */
 typedef enum attnd_cuda_free_kind {

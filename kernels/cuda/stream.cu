@@ -12,6 +12,7 @@ struct attnd_stream {
     cudaEvent_t after;         // attnd_stream_after_backend: recorded on the backend's stream; once
                                // retired, on the stream itself, marking the end of its work
     int retired;               // destroyed with work still queued: kept until `after` completes
+    unsigned *tickets;         // split-KV merge tickets (cuda_backend.h); NULL until needed
     struct attnd_stream *next; // attnd_cuda.streams
 };
 
@@ -83,8 +84,13 @@ static void stream_unlink_free(attnd_cuda *c, attnd_stream *s)
 extern "C" void attnd_cuda_stream_destroy(attnd_backend *b, attnd_stream *s)
 {
     attnd_cuda *c = attnd_cuda_of(b);
-    if (c->stream == s->stream) c->stream = c->home;
+    if (c->stream == s->stream) {
+        c->stream = c->home;
+        c->stream_tickets = NULL;
+    }
     cudaSetDevice(c->device);
+    if (s->tickets != NULL) attnd_cuda_free_later(b, ATTND_CUDA_FREE_DEVICE, s->tickets);
+    s->tickets = NULL;
     // work still queued finishes on its own; until it has, frees stay deferred
     cudaError_t e = cudaStreamQuery(s->stream);
     int busy = e == cudaErrorNotReady;
@@ -161,6 +167,7 @@ extern "C" attnd_err attnd_cuda_stream_select(attnd_backend *b, attnd_stream *s)
 {
     attnd_cuda *c = attnd_cuda_of(b);
     c->stream = s != NULL ? s->stream : c->home;
+    c->stream_tickets = s != NULL ? &s->tickets : NULL;
     return ATTND_ERR_OK;
 }
 
@@ -226,6 +233,11 @@ extern "C" attnd_err attnd_cuda_stream_release(attnd_backend *b, uint32_t *flag,
 extern "C" void attnd_cuda_streams_close(attnd_backend *b)
 {
     attnd_cuda *c = attnd_cuda_of(b);
+    for (attnd_stream *s = c->streams; s != NULL; s = s->next)
+        if (s->tickets != NULL) {
+            attnd_cuda_free_later(b, ATTND_CUDA_FREE_DEVICE, s->tickets);
+            s->tickets = NULL;
+        }
     // a stream that never drained (quarantined) would hold a device-wide free forever: the
     // process is ending, so leave that memory to the driver's teardown
     if (attnd_cuda_collect(b, 0) != 0)

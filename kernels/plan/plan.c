@@ -115,10 +115,15 @@ int32_t attnd_plan_segments(const attnd_plan_opts *o, int32_t nseqs, int32_t max
     int64_t segs = 2 * units / per_segment;
     if (segs > max_ctx_blocks) segs = max_ctx_blocks;
     if (o->min_segment_tokens > 0 && o->block_size > 0) {
-        int64_t longest = (int64_t)max_ctx_blocks * o->block_size / o->min_segment_tokens;
+        /* unsplit, this launch keeps fewer than half the units busy: short segments pay off */
+        int64_t min_tokens = o->min_segment_tokens;
+        if (2 * per_segment <= units && min_tokens > ATTND_PLAN_IDLE_SEGMENT_TOKENS)
+            min_tokens = ATTND_PLAN_IDLE_SEGMENT_TOKENS;
+        int64_t longest = (int64_t)max_ctx_blocks * o->block_size / min_tokens;
         if (segs > longest) segs = longest;
     }
     if (segs > PLAN_MAX_SEGMENTS) segs = PLAN_MAX_SEGMENTS;
+    if (segs > 8) segs -= segs % 8; /* whole rounds of the merge, segments of one length */
     return segs < 1 ? 1 : (int32_t)segs;
 }
 

@@ -127,6 +127,18 @@ static int64_t cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
+/* The cuda 3D op on dp, twice (the second on the tickets the first left); before them, with
+ * segments, a call on a misaligned workspace that must fail without launching anything. */
+static attnd_err run_3d_twice(const pcase *c, const attnd_paged_params *dp, int segs, void *ws)
+{
+    if (segs > 1 && c->cache_dt != ATTND_DTYPE_F32) {
+        attnd_err bad = attnd_paged_attention_3d(g_cuda, dp, segs, (char *)ws + 4);
+        check(bad != ATTND_ERR_OK, "paged_3d_misaligned_ws", c->name, 0.0, 0.0);
+    }
+    attnd_err rv = attnd_paged_attention_3d(g_cuda, dp, segs, ws);
+    return rv == ATTND_ERR_OK ? attnd_paged_attention_3d(g_cuda, dp, segs, ws) : rv;
+}
+
 static void run_paged_case(const pcase *c, attnd_rng *rng)
 {
     const int S = c->num_seqs, g = c->hq / c->hk;
@@ -269,9 +281,13 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     if (c->alibi) dp.alibi_slopes = dal.t;
     if (c->sinks) dp.sinks = dsk.t;
 
-    for (int form = 0; form < 2; form++) {
-        const char *what = form == 0 ? "paged_2d" : "paged_3d";
+    /* forms: 2D; 3D (split partials merged by the last segment's CTA, launched twice: the
+     * second reuses the tickets the first reset); 3D with the reduce kernel */
+    for (int form = 0; form < 3; form++) {
+        static const char *kWhat[3] = {"paged_2d", "paged_3d", "paged_3d_reduce"};
+        const char *what = kWhat[form];
         int segs = c->segments;
+        if (form == 2 && (segs < 2 || c->cache_dt == ATTND_DTYPE_F32)) continue;
         size_t wsb = attnd_paged_3d_workspace_size(T, c->hq, c->d, segs);
         void *cpu_ws = NULL, *dws = NULL;
         attnd_err rv;
@@ -308,7 +324,9 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
                 g_fail++;
                 goto next_form;
             }
-            rv = attnd_paged_attention_3d(g_cuda, &dp, segs, dws);
+            attnd_cuda_of(g_cuda)->split_reduce = form == 2;
+            rv = run_3d_twice(c, &dp, segs, dws);
+            attnd_cuda_of(g_cuda)->split_reduce = 0;
         }
         if (rv == ATTND_ERR_OK) rv = attnd_backend_sync(g_cuda);
         if (rv != ATTND_ERR_OK) {
@@ -333,7 +351,8 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
             check(e <= tol, what, nm, e, tol);
             if (c->lse) {
                 double el = attnd_rel_l2(gpu_l, cpu_l, n_lse);
-                check(el <= tol, form ? "lse_3d" : "lse_2d", nm, el, tol);
+                check(el <= tol, form ? (form == 1 ? "lse_3d" : "lse_3d_reduce") : "lse_2d", nm, el,
+                      tol);
             }
             free(gpu_o);
             free(gpu_l);
@@ -539,6 +558,19 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-mix");
         run_paged_case(&c, rng);
     }
+    /* a split at GQA 8 over many segments (empty ones too), fp8 cache, sinks */
+    {
+        static const int q[4] = {1, 1, 1, 1}, x[4] = {700, 0, 1, 33};
+        base_case(&c);
+        c.hq = 8;
+        c.hk = 1;
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.sinks = 1;
+        c.segments = 37;
+        set_seqs(&c, 4, q, x);
+        name_case(&c, "reduced-split");
+        run_paged_case(&c, rng);
+    }
     /* prefill tiles (rows > 16): window + softcap + alibi, head 256 and 64 */
     {
         static const int q[2] = {70, 33}, x[2] = {20, 0};
@@ -653,6 +685,29 @@ static void full_grid(attnd_rng *rng)
             name_case(&c, "decode");
             run_paged_case(&c, rng);
         }
+
+    /* 3b. decode splits at GQA 1, 8 and 32 (two q-blocks per sequence), many segments (empty
+     * ones past the short contexts), head sizes 64 / 96 / 256, 16-bit and fp8 caches */
+    for (int hi = 0; hi < 3; hi++)
+        for (int ci = 0; ci < 2; ci++)
+            for (int si = 0; si < 2; si++, k++) {
+                static const int hsel[3] = {0, 3, 4}, dsel[3] = {64, 96, 256};
+                static const int nseg[2] = {5, 130};
+                base_case(&c);
+                c.hq = heads[hsel[hi]][0];
+                c.hk = heads[hsel[hi]][1];
+                c.d = dsel[(hi + si) % 3];
+                c.cache_dt = kCache[ci * 2];
+                c.bs = bss[(hi + ci) % 3];
+                c.sinks = (hi + si) % 2;
+                c.segments = nseg[si];
+                c.out_dt = kFloat[(hi + ci) % 3];
+                static const int x[6] = {5000, 0, 1, 2100, 31, 17};
+                int qq[6] = {1, 1, 1, 1, 1, 1};
+                set_seqs(&c, 6, qq, x);
+                name_case(&c, "split");
+                run_paged_case(&c, rng);
+            }
 
     /* 4. prefill tiles: long queries with and without context (full 128-row tiles, causal) */
     for (int ci = 0; ci < 4; ci++)

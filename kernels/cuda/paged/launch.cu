@@ -3,19 +3,21 @@
 // attnd_paged_params, pick a core and launch it on the backend's stream.
 //
 // Cores: the 3D op always uses the sm80 decode tiles (16 packed rows, warps split the tokens),
-// one CTA per (q-block, kv head, segment), then the reduce when num_segments > 1. The 2D op uses
-// the decode tiles with one segment when every sequence's packed rows (query_len * group) fit
-// in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90 device when this build
-// has sm_90a code, the cache is 16-bit and the driver encodes the caches' tensor maps, else the
-// sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache takes the exact
-// kernel of paged/f32.cu in both ops. Sinks join in the store of the final output (each core's
-// epilogue, or the reduce after a split).
+// one CTA per (q-block, kv head, segment); with num_segments > 1 the CTA that stores a pair's last
+// segment merges its partials (the stream's tickets, paged/reduce.cuh), else the reduce kernel
+// does. The 2D op uses the decode tiles with one segment when every sequence's packed rows
+// (query_len * group) fit in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90
+// device when this build has sm_90a code, the cache is 16-bit and the driver encodes the caches'
+// tensor maps, else the sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache
+// takes the exact kernel of paged/f32.cu in both ops. Sinks join in the store of the final output
+// (each core's epilogue, or the reduce after a split).
 #include <stdint.h>
 #include <string.h>
 
 #include "cuda_backend.h"
 #include "paged/launch.h"
 #include "paged/reduce.cuh"
+#include "prims/sm90.cuh"
 #include "validate.h"
 
 static int aligned(const void *ptr, int64_t bytes)
@@ -205,8 +207,33 @@ static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, int kv,
 #endif
 }
 
-// The reduce merges a.num_segments partials per (token, q head); on sm_90 as a programmatic
-// dependent launch of the segment kernel.
+// The merge as a kernel of its own (a stream without tickets): a CTA of 8 warps per (token, q
+// head) row; on sm_90 a programmatic dependent launch of the segment kernel, waiting for it
+// before reading.
+__global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_paged_kargs a)
+{
+    __shared__ float red_m[8], red_l[8];
+    __shared__ float4 red_acc[8][64];
+    attnd_pdl_wait();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t item = blockIdx.x; // token * num_q_heads + head
+    const int hq = (int)a.p.q.shape[1];
+    const int D = (int)a.p.q.shape[2];
+    float Mw, Lw;
+    float4 acc[2];
+    attnd_reduce_fold(a, item * a.num_segments, a.num_segments, D, warp, lane, &Mw, &Lw, acc);
+    if (lane == 0) {
+        red_m[warp] = Mw;
+        red_l[warp] = Lw;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        red_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    if (warp == 0)
+        attnd_reduce_store(a, (int)(item / hq), (int)(item % hq), D, lane, red_m, red_l, red_acc);
+}
+
 static cudaError_t paged_reduce(const attnd_paged_kargs &a, const attnd_cuda *c)
 {
     const int64_t items = a.p.q.shape[0] * a.p.q.shape[1]; // one CTA each
@@ -223,6 +250,35 @@ static cudaError_t paged_reduce(const attnd_paged_kargs &a, const attnd_cuda *c)
     cfg.numAttrs = c->cc >= 90 ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, attnd_paged_reduce_kernel, a);
     return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+// The selected stream's merge tickets, allocated and zeroed (in stream order) at its first split
+// launch; NULL (the reduce kernel merges) when the launch has more (q-block, kv head) pairs than
+// tickets, when tests or benches ask for the reduce, while the stream is being captured (a graph
+// keeps the buffer a launch names), or when the allocation fails.
+static unsigned *split_tickets(attnd_cuda *c, const attnd_paged_params *p, int group)
+{
+    const int64_t S = p->seq_lens.shape[0], H = p->k_cache.shape[2];
+    const int direct = (int64_t)p->max_query_len * group <= ATTND_DECODE_BLOCK_M;
+    const int64_t pairs = (direct ? S : p->q.shape[0] * group / ATTND_DECODE_BLOCK_M + S) * H;
+    unsigned **slot = c->stream_tickets ? c->stream_tickets : &c->tickets;
+    if (c->split_reduce || pairs > ATTND_CUDA_TICKETS) return NULL;
+    if (*slot != NULL) return *slot;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    void *t = NULL;
+    const size_t bytes = ATTND_CUDA_TICKETS * sizeof(unsigned);
+    if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone ||
+        cudaMalloc(&t, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaMemsetAsync(t, 0, bytes, c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(t);
+        return NULL;
+    }
+    *slot = (unsigned *)t;
+    return *slot;
 }
 
 static attnd_err launch_status(attnd_backend *b, cudaError_t e, const char *what)
@@ -279,10 +335,11 @@ extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_par
         a.ws_o = (float *)workspace;
         a.ws_m = a.ws_o + rows * p->q.shape[2];
         a.ws_l = a.ws_m + rows;
+        a.tickets = split_tickets(c, p, a.group);
     }
     attnd_paged_launch l;
     attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
     cudaError_t e = paged_run(ATTND_CORE_SM80_DECODE, p->q.shape[2], kv, a, l);
-    if (e == cudaSuccess && num_segments > 1) e = paged_reduce(a, c);
+    if (e == cudaSuccess && num_segments > 1 && a.tickets == NULL) e = paged_reduce(a, c);
     return launch_status(b, e, "paged_attention_3d");
 }

@@ -21,6 +21,9 @@ enum {
     ATTND_CORE_SM90_SPARSE = 5,        // the sm90 core on gathered key blocks (blocksparse.cu)
 };
 
+// Packed rows of the sm80 decode tiles (one CTA column of the 3D grid per q-block of 16).
+#define ATTND_DECODE_BLOCK_M 16
+
 // Features of the sm90 core that a measurement may turn off (attnd_paged_launch.sm90_off).
 enum {
     ATTND_SM90_NO_PINGPONG = 1,    // consumers issue their GEMMs without taking turns

@@ -36,6 +36,8 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
     a.direct = (int64_t)l.max_query_len * a.group <= Tr::BLOCK_M;
     const int64_t gx = a.direct ? S : l.num_tokens * a.group / Tr::BLOCK_M + S;
     if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
+    static_assert(!Tr::DECODE || Tr::BLOCK_M == ATTND_DECODE_BLOCK_M, "decode q-blocks");
+    if (a.tickets && gx * H > ATTND_CUDA_TICKETS) return cudaErrorInvalidConfiguration;
     attnd_paged_kernel<Tr><<<dim3((unsigned)gx, (unsigned)H, (unsigned)a.num_segments), Tr::THREADS,
                              Tr::SMEM_LAUNCH, l.stream>>>(a);
     return cudaGetLastError();

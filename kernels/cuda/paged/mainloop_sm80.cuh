@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "paged/epilogue.cuh"
+#include "paged/reduce.cuh"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
@@ -90,11 +91,13 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
     static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
-    // decode: as many stages as fit next to a second CTA on the SM (~113 KB each; slim: ~74 KB)
+    // decode: fp8 as many stages as fit next to a second CTA on the SM (~113 KB each; slim:
+    // ~74 KB); 16-bit caches 2 (deeper pipelines measured slower: short CTAs wait longer for
+    // their first tile)
     static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
     static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
     static constexpr int NSTAGES =
-        DECODE ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
+        DECODE && FP8 ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
     static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
     static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
@@ -874,7 +877,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
 
     // ---- epilogue
     attnd_cp_async_wait<0>();
-    attnd_pdl_trigger(); // the reduce (if any) may launch; it waits for this grid to finish
+    attnd_pdl_trigger(); // the reduce kernel (no tickets) may launch; it waits for this grid
     const bool partial = a.num_segments > 1;
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
@@ -894,6 +897,9 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
                                seg, tid);
+    if (Tr::DECODE && partial && a.tickets)
+        attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start, kvh, tid,
+                                                    Tr::THREADS);
 }
 
 #undef ATTND_SWZ_OFF

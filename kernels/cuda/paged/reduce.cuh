@@ -1,13 +1,15 @@
-// Segment reduce of the 3D (split-KV) paged attention: merges the per-segment partials that
-// the sm80 core wrote in partial mode (normalised outputs with their log2-domain max and
-// exp-sum) into the final output and LSE.
+// Segment merge of the 3D (split-KV) paged attention: the per-segment partials that the sm80 core
+// wrote in partial mode (normalised outputs with their log2-domain max m and exp-sum l) merged
+// into the final output and LSE. Two ways: the segment kernel's CTA that stores the last segment
+// of its (q-block, kv head) merges the pair's rows, a warp per (token, q head) row
+// (attnd_paged_merge_last, tickets in backend memory); or, without tickets, the reduce kernel
+// of paged/launch.cu, a CTA per row (attnd_reduce_fold / attnd_reduce_store).
 #ifndef ATTND_CUDA_PAGED_REDUCE_CUH
 #define ATTND_CUDA_PAGED_REDUCE_CUH
 
 #include "paged/args.h"
 #include "paged/rows.cuh"
 #include "prims/math.cuh"
-#include "prims/sm90.cuh"
 
 // One CTA of 8 warps per (token, q head) merges num_segments partials (normalised outputs with
 // their log2-domain max m and exp-sum l; weight l * exp2(m - M)). Warp w folds segments w, w + 8,
@@ -96,29 +98,101 @@ __device__ __forceinline__ void attnd_reduce_store(const attnd_paged_kargs &a, i
             attnd_softmax_lse(Mf, W);
 }
 
-// Launched as a programmatic dependent of the segment kernel: waits for it before reading.
-__global__ void __launch_bounds__(256) attnd_paged_reduce_kernel(const attnd_paged_kargs a)
+// Warp-wide: row (tok, head) merged from its a.num_segments partials (weight l * exp2(m - M)),
+// the sink folded in once, normalised and stored with its LSE. Rounds of CH segments: lane s
+// loads segment c + s's m and l and every lane its float4 columns (d4, d4 + 32, ...: NI of them)
+// of all CH rows before any is used, so a round costs one trip to the L2 (.cg: other CTAs of the
+// running grid wrote them); the sums are rescaled to each round's max.
+template <int NI>
+__device__ __forceinline__ void attnd_paged_merge_row(const attnd_paged_kargs &a, int tok, int head,
+                                                      int lane)
 {
-    __shared__ float red_m[8], red_l[8];
-    __shared__ float4 red_acc[8][64];
-    attnd_pdl_wait();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t item = blockIdx.x; // token * num_q_heads + head
-    const int hq = (int)a.p.q.shape[1];
-    const int D = (int)a.p.q.shape[2];
-    float Mw, Lw;
-    float4 acc[2];
-    attnd_reduce_fold(a, item * a.num_segments, a.num_segments, D, warp, lane, &Mw, &Lw, acc);
-    if (lane == 0) {
-        red_m[warp] = Mw;
-        red_l[warp] = Lw;
-    }
+    constexpr int CH = 16 / NI;
+    const int S = a.num_segments, D = (int)a.p.q.shape[2];
+    const int64_t R0 = ((int64_t)tok * a.p.q.shape[1] + head) * S;
+    float M = attnd_neg_inf(), W = 0.0f;
+    float4 acc[NI];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-        red_acc[warp][lane + 32 * i] = acc[i];
-    __syncthreads();
-    if (warp == 0)
-        attnd_reduce_store(a, (int)(item / hq), (int)(item % hq), D, lane, red_m, red_l, red_acc);
+    for (int i = 0; i < NI; i++)
+        acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = 0; c < S; c += CH) {
+        const bool own = lane < CH && c + lane < S;
+        const float m = own ? __ldcg(a.ws_m + R0 + c + lane) : attnd_neg_inf();
+        const float l = own ? __ldcg(a.ws_l + R0 + c + lane) : 0.0f;
+        float4 x[CH][NI];
+#pragma unroll
+        for (int j = 0; j < CH; j++)
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int d = (lane + 32 * i) * 4;
+                x[j][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (c + j < S && d < D)
+                    x[j][i] = __ldcg((const float4 *)(a.ws_o + (R0 + c + j) * D + d));
+            }
+        const float mn = fmaxf(M, attnd_warp_max(l > 0.0f ? m : attnd_neg_inf()));
+        const float ms = attnd_softmax_safe_max(mn);
+        const float al = attnd_exp2(M - ms); // M = -inf: 0
+        const float w = l > 0.0f ? l * attnd_exp2(m - ms) : 0.0f;
+        W = W * al + attnd_warp_sum(w);
+        M = mn;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const float wj = __shfl_sync(0xffffffffu, w, j);
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                acc[i].x = (j == 0 ? acc[i].x * al : acc[i].x) + wj * x[j][i].x;
+                acc[i].y = (j == 0 ? acc[i].y * al : acc[i].y) + wj * x[j][i].y;
+                acc[i].z = (j == 0 ? acc[i].z * al : acc[i].z) + wj * x[j][i].z;
+                acc[i].w = (j == 0 ? acc[i].w * al : acc[i].w) + wj * x[j][i].w;
+            }
+        }
+    }
+    float Mf = attnd_softmax_safe_max(M);
+    const float sink = attnd_paged_sink(a, head, &Mf, &W);
+    const float inv = W > 0.0f ? sink / W : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int d = (lane + 32 * i) * 4;
+        if (d >= D) continue;
+        float v[4] = {acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv};
+        attnd_stN<4>(a.p.out.data, a.p.out.dtype,
+                     (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + d,
+                     a.out_vec != 0, v);
+    }
+    if (a.p.out_lse.data && lane == 0)
+        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
+                                    (int64_t)tok * a.p.out_lse.strides[1]] =
+            attnd_softmax_lse(Mf, W);
+}
+
+// The segment kernel's CTA of (blockIdx.x, blockIdx.y), its partials of packed rows row0 ..
+// min(row0 + rows, rows_total) - 1 stored: takes a ticket; the CTA holding the last one resets it
+// and merges the rows. Every CTA of the pair takes exactly one (CTAs without rows leave before
+// any), so between launches every ticket is 0 again: a launch that never starts leaves them
+// so; one that faults mid-way leaves the CUDA context unusable (a sticky error), and with it the
+// tickets (a new backend allocates new ones).
+template <int NI>
+__device__ __forceinline__ void attnd_paged_merge_last(const attnd_paged_kargs &a, int row0,
+                                                       int rows, int rows_total, int q_start,
+                                                       int kvh, int tid, int nthreads)
+{
+    bool mine = false;
+    __syncthreads(); // every partial of this CTA stored
+    if (tid == 0) {
+        unsigned *t = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+        __threadfence(); // release: this CTA's partials before its ticket
+        mine = atomicAdd(t, 1u) == (unsigned)a.num_segments - 1u;
+        if (mine) {
+            atomicExch(t, 0u); // every other CTA of the pair has taken its ticket
+            __threadfence();   // acquire: their partials after their tickets
+        }
+    }
+    const bool last = __syncthreads_or(mine);
+    if (!last) return;
+    const int warp = tid >> 5, nwarps = nthreads >> 5;
+    for (int r = warp; r < rows && row0 + r < rows_total; r += nwarps)
+        attnd_paged_merge_row<NI>(a, q_start + (row0 + r) / a.group,
+                                  kvh * a.group + (row0 + r) % a.group, tid & 31);
 }
 
 #endif

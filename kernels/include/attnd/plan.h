@@ -48,8 +48,11 @@ typedef struct attnd_plan_opts {
 
 /* Below this many context tokens per segment, a split's partial results and merge cost more than
  * the parallelism gains (H100, bench_paged --sweep: 16 x 1056 at 1 segment 33.8 us, 2: 36.5,
- * 3: 40.4; bench/RESULTS.md). */
+ * 3: 40.4; bench/RESULTS.md) - unless the launch, unsplit, would keep fewer than half the
+ * parallel units busy: then segments go down to ATTND_PLAN_IDLE_SEGMENT_TOKENS (4 x 1024 at 8
+ * segments of 128 tokens: 16.9 us, at 1: 26.2). */
 #define ATTND_PLAN_MIN_SEGMENT_TOKENS 1024
+#define ATTND_PLAN_IDLE_SEGMENT_TOKENS 128
 
 typedef enum attnd_launch_kind {
     ATTND_LAUNCH_2D = 0,

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One device call for the decode work of issue 12 (branch hopper-decode-3): correctness of a
+# candidate build (gpu_paged full grid, --core 80 and compute-sanitizer memcheck / racecheck on
+# --reduced, run side by side as separate processes: "par"; gpu_daemon_e2e alone: "e2e"), then,
+# alone on the GPU, bench_paged --only decode of several builds in alternating rounds ("bench";
+# a round NAMEab adds --ab: the split merged by tickets vs the reduce kernel), a segment sweep
+# and the decode anchors (the seed's decode cases and the copy ceiling of
+# ../shared/anchors/bench_anchors.py). Prints a summary last and leaves all.txt and logs.tgz in
+# $OUT (two files: a call returns only a few).
+# Staging here (binaries named <tool>_<build>; e2e/ holds daemon/attnd and tests/gpu/ of one):
+#   strip -o STAGE/bench_paged_c2 build/bench/bench_paged; ... gpu_paged_c2, bench_paged_base
+#   (cd STAGE && tar cf - .) | xz -T2 -6 >DEST/bins.tar.xz
+#   /work/shared/tools/bundle-libs DEST/devlib STAGE/...; cp bench/run_gpu_decode3.sh DEST/
+# DEST an ignored build-* folder of the checkout the device call sends; there, carrying DEST
+# and .anchors:
+#   STEPS="smoke par bench sweep anchors" ROUNDS="base c2ab c2 base c2" GP=c2 SWEEP=c2 \
+#       bash DEST/run_gpu_decode3.sh
+# Do not run e2e inside "par" for a verdict: beside other GPU processes, gpu_daemon_e2e's
+# poisoning memsets (asynchronous, not synchronised before the request) can land after the
+# daemon's kernels (bench/RESULTS.md, "Decode: fused split-KV merge").
+set -u
+here=$(dirname "$0")
+D=/tmp/attnd-dec3
+mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/
+export LD_LIBRARY_PATH=$D/devlib
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
+date -u +%FT%TZ
+gp=$D/gpu_paged_${GP:-c2}
+T0=$(date +%s)
+for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
+    t0=$(date +%s)
+    case $s in
+    smoke)
+        echo "== smoke (reduced, $gp)"
+        timeout 60 $gp --reduced >"$out/smoke.log" 2>&1
+        rc=$?; echo "rc=$rc"; grep -E "FAIL|gpu_paged:" "$out/smoke.log" | head -20
+        [ $rc -ne 0 ] && { echo "smoke failed: stopping"; exit 0; } ;;
+    full)
+        echo "== full grid ($gp)"
+        timeout 100 $gp >"$out/full.log" 2>&1
+        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full.log" | head -20 ;;
+    full80)
+        echo "== full grid --core 80 ($gp)"
+        timeout 90 $gp --core 80 >"$out/full80.log" 2>&1
+        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full80.log" | head -20 ;;
+    par)
+        # correctness in parallel (separate processes on the one GPU; timings come later, alone)
+        echo "== parallel: full, full80, memcheck, racecheck ($gp)"
+        timeout 120 $gp >"$out/full.log" 2>&1 &
+        timeout 120 $gp --core 80 >"$out/full80.log" 2>&1 &
+        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 $gp --reduced >"$out/san_memcheck.log" 2>&1 &
+        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 99 $gp --reduced >"$out/san_racecheck.log" 2>&1 &
+        wait
+        for f in full full80 san_memcheck san_racecheck; do
+            echo "-- $f"; grep -aE "FAIL|^gpu_paged:|^gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY" "$out/$f.log" | head -8
+        done ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            echo "== $tool (reduced, $gp)"
+            timeout 80 compute-sanitizer --tool $tool --error-exitcode 99 $gp --reduced >"$out/san_$tool.log" 2>&1
+            echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_paged:" "$out/san_$tool.log" | head -6
+        done ;;
+    bench)
+        for r in ${ROUNDS:-base c2ab c2 base c2}; do
+            args="--only decode"; b=$D/bench_paged_$r
+            case $r in *ab) b=$D/bench_paged_${r%ab}; args="--only decode --ab" ;; esac
+            echo "== bench $r"
+            timeout 45 $b $args >>"$out/bench_$r.log" 2>&1
+            grep -E "^(decode|    ab)|fp8 / bf16" "$out/bench_$r.log" | tail -22 | sed 's/ (sets=.)//' 
+        done ;;
+    sweep)
+        echo "== sweep (bench_paged_${SWEEP:-c2} --sweep, bf16 decode)"
+        timeout 60 $D/bench_paged_${SWEEP:-c2} --only decode-bf16 --sweep --quick >"$out/sweep.log" 2>&1
+        echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep.log" ;;
+    anchors)
+        echo "== anchors (seed decode, copy ceiling)"
+        a=.anchors/anchors/bench_anchors.py
+        { sed -n '1,/^# prefill: paged/p' $a | grep -vE '^(mg|fa|bsp) = load'
+          grep -E '^x = torch.randn\(1 << 30|ceiling d2d copy' $a
+          sed -n '/^for r in res:/,$p' $a; } >"$out/decode_anchors.py"
+        PYTHONPATH=$PWD/.anchors/anchors timeout 100 python3 "$out/decode_anchors.py" >"$out/anchors.log" 2>&1
+        echo "rc=$?"; grep -E "^case=" "$out/anchors.log" ;;
+    e2e)
+        echo "== gpu_daemon_e2e (e2e/, alone)"
+        ATTND_BUILD_DIR=$D/e2e timeout 60 $D/e2e/tests/gpu/gpu_daemon_e2e >"$out/e2e.log" 2>&1
+        echo "rc=$?"; grep -aE "FAIL|^gpu_daemon_e2e:" "$out/e2e.log" | head -10 ;;
+    profile)
+        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        echo "== ncu ${PROFILE_CASE:-decode-bf16-1x32768} (bench_paged_${PROF:-b2})"
+        timeout 90 $ncu --clock-control none --kernel-name regex:"attnd_paged_(kernel|reduce)" --launch-skip 10 \
+            --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+            $D/bench_paged_${PROF:-b2} --only ${PROFILE_CASE:-decode-bf16-1x32768} --quick \
+            >"$out/ncu.txt" 2>&1
+        grep -E "attnd_paged|Duration|DRAM Throughput|No Eligible|Eligible Warps|Warp Cycles Per Issued" \
+            "$out/ncu.txt" | head -24 ;;
+    esac
+    echo "($s: $(($(date +%s) - t0)) s, total $(($(date +%s) - T0)) s)"
+done 2>&1 | tee "$out/all.txt"
+echo "==== SUMMARY"
+grep -aE "^== |^-- |^rc=|FAIL|gpu_paged:|gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY|^case=" "$out/all.txt" | head -60
+(cd "$out" && tar czf logs.tgz *.log *.txt 2>/dev/null && rm -f *.log decode_anchors.py anchors.json)
+exit 0
