@@ -370,6 +370,7 @@ static void direct_layer(worker *w, const attnd_plan *plan, int layer, int64_t T
     layer_options(w, layer, 1, &g);
     CU(cudaMemset(w->dout, 0xff, (size_t)T * HQ * HD * 2));
     CU(cudaMemset(w->dlse, 0xff, (size_t)T * HQ * 4));
+    CU(cudaDeviceSynchronize()); /* the poison lands before the backend's (non-blocking) stream */
     AK(attnd_plan_run_layer(w->gpu, plan, w->dindex, &g, w->ws3d), w->gpu);
     AK(attnd_backend_sync(w->gpu), w->gpu);
     attnd_plan_layer c = bf16_layer(w->hq, w->hk, w->hv, w->hout_cpu, w->hlse_cpu, w->ck[layer],
@@ -417,6 +418,7 @@ static layer_result run_layer(worker *w, const attnd_plan *plan, uint64_t step, 
     CU(cudaMemcpy(w->dbuf + w->off_v, w->hv, nkv * 2, cudaMemcpyHostToDevice));
     CU(cudaMemset(w->dbuf + w->off_out, 0xff, nq * 2));
     CU(cudaMemset(w->dbuf + w->off_lse, 0xff, nl * 4));
+    CU(cudaDeviceSynchronize()); /* ... and before the daemon's kernels, in another process */
     attnd_err rv =
         staged ? staged_attend(w, step, layer, T) : daemon_attend(w, step, layer, T, w->off_out);
     if (rv != ATTND_ERR_OK) {
