@@ -1,61 +1,99 @@
 #!/usr/bin/env bash
-# One device call for the decode tiles (issue 12): correctness against the cpu backend, the decode
-# benchmark of several builds in alternating rounds, the decode anchors (the seed's decode and
-# the copy ceiling of ../shared/anchors/bench_anchors.py) and compute-sanitizer, in one call.
-#
-# Build here, then stage: the binaries travel packed, with this script beside them.
-#   cmake -S . -B build-dec -DATTND_CUDA=ON \
-#         -DATTND_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a"
-#   cmake --build build-dec -j2 --target gpu_paged bench_paged
-#   bench/run_gpu_decode.sh --stage DIR build-dec/tests/gpu/gpu_paged build-dec/bench/bench_paged \
-#       [other builds' binaries, named bench_paged_<name> / gpu_paged_<name>]
-# DIR inside the checkout the device call sends (an ignored build-* folder); on the device, carry
-# DIR and .anchors:
-#   STEPS="smoke bench anchors full full80 sanitize" ROUNDS="new base new" bash DIR/run_gpu_decode.sh
-# ROUNDS: bench_paged --only decode of the build named (new: bench_paged, else bench_paged_NAME);
-# GP: the gpu_paged build the full grid and the sanitizers run (default gpu_paged); profile: ncu
-# on $PROFILE_CASE (decode kernel and reduce). Logs go to $OUT (or /tmp/out).
+# One device call for the decode work of issue 12: correctness of a candidate build (gpu_paged full
+# grid, --core 80 and compute-sanitizer memcheck / racecheck on --reduced, run side by side as
+# separate processes: "par"; or one by one: full, full80, sanitize; gpu_daemon_e2e alone: "e2e"),
+# then, alone on the GPU, bench_paged --only decode of several builds in alternating rounds
+# ("bench"; a round NAMEab adds --ab: the split merged by tickets vs the reduce kernel), a segment
+# sweep, the decode anchors (the seed's decode cases and the copy ceiling of
+# ../shared/anchors/bench_anchors.py) and ncu ("profile"). Prints a summary last and leaves
+# all.txt and logs.tgz in $OUT (two files: a call returns only a few).
+# Stage here (bench_paged_NAME and gpu_paged_NAME of each build; e2e/ from the first one):
+#   bash bench/run_gpu_decode.sh --stage DEST c2=build-c2 base=build-base
+# DEST an ignored build-* folder of the checkout the device call sends; there, carrying DEST
+# and .anchors:
+#   STEPS="smoke par bench sweep anchors e2e" ROUNDS="base c2ab c2 base c2" GP=c2 SWEEP=c2 \
+#       bash DEST/run_gpu_decode.sh
+# gpu_daemon_e2e is a verdict alone or beside other GPU processes since it synchronises after
+# poisoning its outputs (09347bf); before that, "par" with e2e beside it could read NaN.
 set -u
 
 if [[ ${1:-} == --stage ]]; then
     dst=$2 tmp=$(mktemp -d)
     shift 2
     mkdir -p "$dst"
-    for b in "$@"; do strip -o "$tmp/$(basename "$b")" "$b"; done
-    (cd "$tmp" && tar cf - *) | xz -T2 -6 >"$dst/bins.tar.xz"
-    "$(dirname "$0")/../../shared/tools/bundle-libs" "$dst/devlib" "$tmp"/*
+    for nb in "$@"; do # NAME=BUILD_DIR
+        name=${nb%%=*} build=${nb#*=}
+        strip -o "$tmp/bench_paged_$name" "$build/bench/bench_paged"
+        strip -o "$tmp/gpu_paged_$name" "$build/tests/gpu/gpu_paged"
+        [ -d "$tmp/e2e" ] && continue
+        mkdir -p "$tmp/e2e/daemon" "$tmp/e2e/tests/gpu"
+        strip -o "$tmp/e2e/daemon/attnd" "$build/daemon/attnd"
+        strip -o "$tmp/e2e/tests/gpu/gpu_daemon_e2e" "$build/tests/gpu/gpu_daemon_e2e"
+    done
+    (cd "$tmp" && tar cf - .) | xz -T2 -6 >"$dst/bins.tar.xz"
+    /work/shared/tools/bundle-libs "$dst/devlib" "$tmp"/*_* "$tmp/e2e/daemon/attnd" \
+        "$tmp/e2e/tests/gpu/gpu_daemon_e2e" >/dev/null
     cp "$0" "$dst/run_gpu_decode.sh"
     rm -rf "$tmp"
     du -sh "$dst"
     exit 0
 fi
-
 here=$(dirname "$0")
-D=/tmp/attnd-dec-bin
+D=/tmp/attnd-dec3
 mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/
 export LD_LIBRARY_PATH=$D/devlib
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv,noheader
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
 date -u +%FT%TZ
-gp=$D/${GP:-gpu_paged}
-for s in ${STEPS:-smoke bench anchors full full80 sanitize}; do
+gp=$D/gpu_paged_${GP:-c2}
+T0=$(date +%s)
+for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
     t0=$(date +%s)
     case $s in
     smoke)
-        echo "== smoke (reduced)"
-        timeout 60 $gp --reduced --verbose >"$out/smoke.log" 2>&1
-        rc=$?
-        echo "rc=$rc"; grep -E "FAIL|gpu_paged:" "$out/smoke.log" | head -30
+        echo "== smoke (reduced, $gp)"
+        timeout 60 $gp --reduced >"$out/smoke.log" 2>&1
+        rc=$?; echo "rc=$rc"; grep -E "FAIL|gpu_paged:" "$out/smoke.log" | head -20
         [ $rc -ne 0 ] && { echo "smoke failed: stopping"; exit 0; } ;;
-    bench)
-        for r in ${ROUNDS:-new base new}; do
-            b=$D/bench_paged; [ $r != new ] && b=$D/bench_paged_$r
-            echo "== bench $r"
-            timeout 45 $b --only decode 2>&1 | tee -a "$out/bench_$r.log" | grep -E "^(decode|\|)"
+    full)
+        echo "== full grid ($gp)"
+        timeout 100 $gp >"$out/full.log" 2>&1
+        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full.log" | head -20 ;;
+    full80)
+        echo "== full grid --core 80 ($gp)"
+        timeout 90 $gp --core 80 >"$out/full80.log" 2>&1
+        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full80.log" | head -20 ;;
+    par)
+        # correctness in parallel (separate processes on the one GPU; timings come later, alone)
+        echo "== parallel: full, full80, memcheck, racecheck ($gp)"
+        timeout 120 $gp >"$out/full.log" 2>&1 &
+        timeout 120 $gp --core 80 >"$out/full80.log" 2>&1 &
+        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 $gp --reduced >"$out/san_memcheck.log" 2>&1 &
+        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 99 $gp --reduced >"$out/san_racecheck.log" 2>&1 &
+        wait
+        for f in full full80 san_memcheck san_racecheck; do
+            echo "-- $f"; grep -aE "FAIL|^gpu_paged:|^gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY" "$out/$f.log" | head -8
         done ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            echo "== $tool (reduced, $gp)"
+            timeout 80 compute-sanitizer --tool $tool --error-exitcode 99 $gp --reduced >"$out/san_$tool.log" 2>&1
+            echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_paged:" "$out/san_$tool.log" | head -6
+        done ;;
+    bench)
+        for r in ${ROUNDS:-base c2ab c2 base c2}; do
+            args="--only decode"; b=$D/bench_paged_$r
+            case $r in *ab) b=$D/bench_paged_${r%ab}; args="--only decode --ab" ;; esac
+            echo "== bench $r"
+            timeout 45 $b $args >>"$out/bench_$r.log" 2>&1
+            grep -E "^(decode|    ab)|fp8 / bf16" "$out/bench_$r.log" | tail -22 | sed 's/ (sets=.)//' 
+        done ;;
+    sweep)
+        echo "== sweep (bench_paged_${SWEEP:-c2} --sweep, bf16 decode)"
+        timeout 60 $D/bench_paged_${SWEEP:-c2} --only decode-bf16 --sweep --quick >"$out/sweep.log" 2>&1
+        echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep.log" ;;
     anchors)
-        # the decode part of the shared anchors and their copy ceiling, verbatim
         echo "== anchors (seed decode, copy ceiling)"
         a=.anchors/anchors/bench_anchors.py
         { sed -n '1,/^# prefill: paged/p' $a | grep -vE '^(mg|fa|bsp) = load'
@@ -63,30 +101,23 @@ for s in ${STEPS:-smoke bench anchors full full80 sanitize}; do
           sed -n '/^for r in res:/,$p' $a; } >"$out/decode_anchors.py"
         PYTHONPATH=$PWD/.anchors/anchors timeout 100 python3 "$out/decode_anchors.py" >"$out/anchors.log" 2>&1
         echo "rc=$?"; grep -E "^case=" "$out/anchors.log" ;;
-    full)
-        echo "== full grid ($gp)"
-        timeout 110 $gp >"$out/full.log" 2>&1
-        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full.log" | head -20 ;;
-    full80)
-        echo "== full grid --core 80 ($gp)"
-        timeout 90 $gp --core 80 >"$out/full80.log" 2>&1
-        echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full80.log" | head -20 ;;
-    sanitize)
-        for tool in memcheck racecheck; do
-            echo "== $tool (reduced, $gp)"
-            timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $gp --reduced >"$out/san_$tool.log" 2>&1
-            echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_paged:" "$out/san_$tool.log" | head -6
-        done ;;
+    e2e)
+        echo "== gpu_daemon_e2e (e2e/, alone)"
+        ATTND_BUILD_DIR=$D/e2e timeout 60 $D/e2e/tests/gpu/gpu_daemon_e2e >"$out/e2e.log" 2>&1
+        echo "rc=$?"; grep -aE "FAIL|^gpu_daemon_e2e:" "$out/e2e.log" | head -10 ;;
     profile)
         ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        echo "== ncu ${PROFILE_CASE:-decode-bf16-1x32768}"
+        echo "== ncu ${PROFILE_CASE:-decode-bf16-1x32768} (bench_paged_${PROF:-b2})"
         timeout 90 $ncu --clock-control none --kernel-name regex:"attnd_paged_(kernel|reduce)" --launch-skip 10 \
             --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-            --section MemoryWorkloadAnalysis $D/bench_paged --only ${PROFILE_CASE:-decode-bf16-1x32768} --quick \
+            $D/bench_paged_${PROF:-b2} --only ${PROFILE_CASE:-decode-bf16-1x32768} --quick \
             >"$out/ncu.txt" 2>&1
-        grep -E "attnd_paged|Duration|DRAM Throughput|Issued Ipc|No Eligible|Eligible Warps|Warp Cycles Per Issued|Hit Rate" \
-            "$out/ncu.txt" | head -30 ;;
+        grep -E "attnd_paged|Duration|DRAM Throughput|No Eligible|Eligible Warps|Warp Cycles Per Issued" \
+            "$out/ncu.txt" | head -24 ;;
     esac
-    echo "($s: $(($(date +%s) - t0)) s)"
-done
+    echo "($s: $(($(date +%s) - t0)) s, total $(($(date +%s) - T0)) s)"
+done 2>&1 | tee "$out/all.txt"
+echo "==== SUMMARY"
+grep -aE "^== |^-- |^rc=|FAIL|gpu_paged:|gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY|^case=" "$out/all.txt" | head -60
+(cd "$out" && tar czf logs.tgz *.log *.txt 2>/dev/null && rm -f *.log decode_anchors.py anchors.json)
 exit 0
