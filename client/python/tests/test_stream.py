@@ -79,49 +79,28 @@ def run_attend(c: attnd.Client) -> list[np.ndarray]:
     return outs
 
 
-def run_stream(c: attnd.Client, ch: attnd.StreamChannel) -> list[np.ndarray]:
+def run_stream(c: attnd.Client, ch: attnd.StreamChannel,
+               early: bool = False) -> list[np.ndarray]:
+    """The steps through ch; early: each step's layer 0 filled and signalled while its
+    StreamBegin travels (a replayed graph launched before the reply)."""
     b, outs = Buffers(c), []
     for s in (1, 2):
         c.create(s)
     for k, seqs in enumerate(STEPS):
         t = sum(n for _, n in seqs)
         q, kk, v, o = b.rows(t)
-        with ch.step(seqs, q, kk, v, o) as st:
-            assert st.num_tokens == t
-            for layer in range(L):
-                for dst, src in zip((q, kk, v), inputs(k, layer, t)):
-                    put(dst, src)
-                outs.append(host(ch.attend(st, layer)))
-    return outs
-
-
-def test_stream_steps_equal_attend_bit_for_bit(daemon):
-    with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
-        got, want = run_stream(a, ch), run_attend(b)
-        assert len(got) == len(want) == len(STEPS) * L
-        for g, w in zip(got, want):
-            assert np.array_equal(g, w)
-        assert not ch.failed
-        assert a.query(1)["num_tokens"] == 15
-
-
-def run_stream_begin_async(c: attnd.Client, ch: attnd.StreamChannel) -> list[np.ndarray]:
-    """As run_stream, with each step's layer 0 signalled while its StreamBegin travels (a
-    replayed graph launched before the reply)."""
-    b, outs = Buffers(c), []
-    for s in (1, 2):
-        c.create(s)
-    for k, seqs in enumerate(STEPS):
-        t = sum(n for _, n in seqs)
-        q, kk, v, o = b.rows(t)
-        for dst, src in zip((q, kk, v), inputs(k, 0, t)):
-            put(dst, src)
-        pending = ch.begin_async(seqs, q, kk, v, o)
-        ch.signal(0)
-        st = pending.result()
-        ch.wait(0)
-        outs.append(host(o))
-        for layer in range(1, L):
+        if early:
+            for dst, src in zip((q, kk, v), inputs(k, 0, t)):
+                put(dst, src)
+            pending = ch.begin_async(seqs, q, kk, v, o)
+            ch.signal(0)
+            st = pending.result()
+            ch.wait(0)
+            outs.append(host(o))
+        else:
+            st = ch.begin(seqs, q, kk, v, o)
+        assert st.num_tokens == t
+        for layer in range(1 if early else 0, L):
             for dst, src in zip((q, kk, v), inputs(k, layer, t)):
                 put(dst, src)
             outs.append(host(ch.attend(st, layer)))
@@ -129,13 +108,15 @@ def run_stream_begin_async(c: attnd.Client, ch: attnd.StreamChannel) -> list[np.
     return outs
 
 
-def test_work_queued_before_stream_begin_answers(daemon):
+@pytest.mark.parametrize("early", [False, True], ids=["begin_first", "work_queued_first"])
+def test_stream_steps_equal_attend_bit_for_bit(daemon, early):
     with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
-        got, want = run_stream_begin_async(a, ch), run_attend(b)
+        got, want = run_stream(a, ch, early), run_attend(b)
         assert len(got) == len(want) == len(STEPS) * L
         for g, w in zip(got, want):
             assert np.array_equal(g, w)
         assert not ch.failed
+        assert a.query(1)["num_tokens"] == 15
 
 
 def test_a_failed_begin_behind_queued_work_is_released(daemon):
