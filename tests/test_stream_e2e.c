@@ -1,6 +1,7 @@
 /* Stream channels (stream-ordered steps) against the real daemon, CPU backend: the protocol's
  * logic end to end on the emulated streams (kernels/cpu/stream.c), the worker's "stream" being
- * its thread. Steps through a channel are bit-identical to the same steps through Attend; a
+ * its thread. Steps through a channel are bit-identical to the same steps through Attend (also
+ * when layer 0 is signalled before StreamBegin answers; a begin that then fails is released); a
  * step whose worker stops signalling times out (TIMEOUT, the channel fails, a new one works)
  * while other sessions are served; a worker killed mid-step has its step released and aborted,
  * the other worker is unaffected and bit-identical to a solo run, and every block comes back;
@@ -169,40 +170,40 @@ static uint32_t blocks_free(attnd_client *c)
 Test(stream_e2e, steps_match_attend_bit_for_bit, .timeout = 120)
 {
     attnd_daemon_proc d;
-    worker a, b;
+    worker a, b, e;
     attnd_test_daemon_start(&d, CONFIG);
     worker_open(&a, &d, 1);
     worker_open(&b, &d, 0);
-    float *via_stream = run_all(&a), *via_attend = run_all(&b);
+    worker_open(&e, &d, 1);
+    e.signal_early = 1;
+    float *via_stream = run_all(&a), *via_attend = run_all(&b), *early = run_all(&e);
     cr_expect(same(via_stream, via_attend), "stream steps equal Attend steps bit for bit");
+    cr_expect(same(early, via_attend), "and so do steps whose layer 0 was signalled before "
+                                       "StreamBegin answered");
     attnd_seq_info info;
     cr_expect_eq(attnd_client_seq_query(a.c, 1, &info), ATTND_ERR_OK);
     cr_expect_eq(info.num_tokens, 15u, "13 + 1 + 1 tokens committed");
     cr_expect_eq(attnd_client_stream_failed(a.s), 0);
+    cr_expect_eq(attnd_client_stream_failed(e.s), 0);
     free(via_stream);
     free(via_attend);
+    free(early);
     worker_close(&a);
     worker_close(&b);
+    worker_close(&e);
     cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");
 }
 
-Test(stream_e2e, layers_signalled_before_stream_begin_answers, .timeout = 120)
+/* A StreamBegin that fails after the caller's stream went ahead: the caller releases itself. */
+Test(stream_e2e, a_failed_begin_behind_queued_work_is_released, .timeout = 120)
 {
     attnd_daemon_proc d;
-    worker a, b;
-    attnd_test_daemon_start(&d, CONFIG);
-    worker_open(&a, &d, 1);
-    worker_open(&b, &d, 0);
-    a.signal_early = 1;
-    float *via_stream = run_all(&a), *via_attend = run_all(&b);
-    cr_expect(same(via_stream, via_attend), "a step whose layer 0 was signalled first is intact");
-    free(via_stream);
-    free(via_attend);
-
-    /* a StreamBegin that fails after the caller's stream went ahead: the caller releases itself */
+    worker a;
     attnd_step st;
     attnd_ref r[4];
     const attnd_step_seq unknown = {77, 1};
+    attnd_test_daemon_start(&d, CONFIG);
+    worker_open(&a, &d, 1);
     refs_for(&a, 1, r);
     attnd_stream_layer io = {&r[0], &r[1], &r[2], &r[3], NULL};
     cr_assert_eq(attnd_client_stream_signal(a.s, 0, NULL), ATTND_ERR_OK);
@@ -215,7 +216,6 @@ Test(stream_e2e, layers_signalled_before_stream_begin_answers, .timeout = 120)
     cr_expect_lt(attnd_clock_ms() - t0, 500u, "released, not timed out");
     cr_expect(attnd_client_stream_failed(a.s));
     worker_close(&a);
-    worker_close(&b);
     cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");
 }
 
