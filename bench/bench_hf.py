@@ -177,6 +177,7 @@ class GraphDecode:
         self.bufs = self.fw.carve(b, dtype)
         self.pairs = [(s.seq_id, 1) for s in seqs]
         self.logits: torch.Tensor | None = None
+        self.pending: attnd.StreamStep | None = None
 
     def forward(self) -> torch.Tensor:
         self.fw.attended.clear()
@@ -204,11 +205,13 @@ class GraphDecode:
             self.logits = self.forward()
 
     def replay_step(self, times: dict[str, list[Any]] | None = None) -> torch.Tensor:
-        """One replayed step, its StreamBegin sent while the graph launches; with times, the
-        host's walls (launch, then what is left of the StreamBegin, StreamEnd) and a pair of
-        events around the replay on the worker's stream."""
+        """One replayed step launched one step ahead: the graph goes on the worker's stream
+        behind the step before, whose StreamEnd is sent next, then this step's StreamBegin (the
+        protocol lets a stream run one step ahead), so the worker's GPU goes from one step to
+        the next without waiting for the host; finish() ends the last. With times, the host's
+        walls (launch, the previous StreamEnd, StreamBegin) and a pair of events around the
+        replay on the worker's stream."""
         t0 = time.perf_counter()
-        pending = self.ch.begin_async(self.pairs, *self.bufs)  # travels while the graph launches
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None else []
         if ev:
             ev[0].record()
@@ -216,21 +219,27 @@ class GraphDecode:
         if ev:
             ev[1].record()
         t1 = time.perf_counter()
+        self.finish()
+        t2 = time.perf_counter()
         try:
-            st = pending.result()
+            self.pending = self.ch.begin(self.pairs, *self.bufs)
         except BaseException:
             self.ch.release()  # the replay waits on a step the daemon will not run
             raise
-        t2 = time.perf_counter()
-        self.ch.end(st)
         t3 = time.perf_counter()
         if times is not None:
-            for k, v in (("replay_launch_us", t1 - t0), ("begin_wait_us", t2 - t1),
-                         ("end_us", t3 - t2)):
+            for k, v in (("replay_launch_us", t1 - t0), ("end_prev_us", t2 - t1),
+                         ("begin_us", t3 - t2)):
                 times.setdefault(k, []).append(v * 1e6)
             times.setdefault("events", []).append(ev)
         assert self.logits is not None
         return self.logits
+
+    def finish(self) -> None:
+        """StreamEnd of the step launched last, if any."""
+        if self.pending is not None:
+            st, self.pending = self.pending, None
+            self.ch.end(st)
 
 
 def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
@@ -257,6 +266,7 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
                 torch.cuda.synchronize()
                 gd.capture()
                 t2 = sync_time()  # decode timed from the first replayed step
+        gd.finish()
         t3 = sync_time()
     # where a step's wall goes (medians over the replayed steps, us): the GPU idles outside
     # replay_gpu_us (SDPA's replays queue back to back instead)

@@ -22,7 +22,7 @@ static const sym syms[] = {
     SYM(mem_alloc, "cuMemAlloc_v2"),
     SYM(mem_free, "cuMemFree_v2"),
     SYM(memset_d32, "cuMemsetD32_v2"),
-    SYM(memset_d32_async, "cuMemsetD32Async"),
+    SYM(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
     SYM(ipc_get, "cuIpcGetMemHandle"),
     SYM(ipc_open, "cuIpcOpenMemHandle_v2"),
     SYM(ipc_close, "cuIpcCloseMemHandle"),

@@ -27,7 +27,7 @@ typedef struct attnd_cu_driver {
     attnd_cu_result (*mem_alloc)(attnd_cu_devptr *, size_t);
     attnd_cu_result (*mem_free)(attnd_cu_devptr);
     attnd_cu_result (*memset_d32)(attnd_cu_devptr, unsigned int, size_t);
-    attnd_cu_result (*memset_d32_async)(attnd_cu_devptr, unsigned int, size_t, attnd_cu_stream);
+    attnd_cu_result (*memcpy_dtod_async)(attnd_cu_devptr, attnd_cu_devptr, size_t, attnd_cu_stream);
     attnd_cu_result (*ipc_get)(attnd_cu_ipc_handle *, attnd_cu_devptr);
     attnd_cu_result (*ipc_open)(attnd_cu_devptr *, attnd_cu_ipc_handle, unsigned int);
     attnd_cu_result (*ipc_close)(attnd_cu_devptr);

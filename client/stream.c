@@ -1,7 +1,8 @@
 /* Stream channels (stream-ordered steps, same GPU): OpenStream, StreamBegin, the per-layer
  * signal / wait as stream memory operations on the caller's CUDA stream, StreamEnd, CloseStream.
  * The worker's flag words (o) are allocated here: device memory through the CUDA driver (loaded
- * at open, cuda_driver.h) for a CUDA daemon, a registered shm object for a CPU one; the daemon's
+ * at open, cuda_driver.h) for a CUDA daemon, followed by their reset values (0; 1 once released:
+ * then every later reset keeps them released), a registered shm object for a CPU one; the daemon's
  * (qkv) are mapped from its reply (CUDA IPC, or its shm object). On a CPU daemon the "stream" is
  * the calling thread: a signal is a store, a wait polls. */
 #include <fcntl.h>
@@ -29,6 +30,7 @@ struct attnd_client_stream {
     /* CUDA daemon */
     attnd_cu_driver cu;
     attnd_cu_devptr o_dev, qkv_dev;
+    attnd_cu_devptr o_reset; /* [layers] what the step's last wait copies over the o words */
     uint32_t o_region;
     attnd_cu_stream release; /* the worker's own releases of its o words */
     attnd_cu_context ctx;    /* where o_dev and release live (the lost hook's thread has none) */
@@ -56,15 +58,18 @@ static attnd_err o_cuda(attnd_client_stream *s)
     int dev = 0;
     size_t bytes = flag_bytes(s->layers);
     attnd_err rv = attnd_cu_load(d, err, sizeof err);
+    /* one allocation: the o words (the registered region), then their reset values (never
+     * exported: the region is the first `bytes` only) */
     if (rv == ATTND_ERR_OK && (d->ctx_get_current(&ctx) != 0 || ctx == NULL))
         rv = attnd_errf(err, sizeof err, ATTND_ERR_FAILED_PRECONDITION,
                         "stream: no current CUDA context in this thread (use CUDA here first)");
     s->ctx = ctx;
     if (rv == ATTND_ERR_OK)
-        rv = attnd_cu_check(d, d->mem_alloc(&s->o_dev, bytes), "cuMemAlloc", err, sizeof err);
+        rv = attnd_cu_check(d, d->mem_alloc(&s->o_dev, 2 * bytes), "cuMemAlloc", err, sizeof err);
     if (rv == ATTND_ERR_OK)
-        rv = attnd_cu_check(d, d->memset_d32(s->o_dev, 0, bytes / 4), "cuMemsetD32", err,
+        rv = attnd_cu_check(d, d->memset_d32(s->o_dev, 0, 2 * bytes / 4), "cuMemsetD32", err,
                             sizeof err);
+    s->o_reset = s->o_dev + bytes;
     if (rv == ATTND_ERR_OK)
         rv = attnd_cu_check(d, d->ipc_get(&h, s->o_dev), "cuIpcGetMemHandle", err, sizeof err);
     if (rv == ATTND_ERR_OK)
@@ -378,12 +383,14 @@ attnd_err attnd_client_stream_wait(attnd_client_stream *s, uint32_t layer, void 
     attnd_cu_devptr w = s->o_dev + 4u * layer;
     rv = attnd_cu_check(&s->cu, s->cu.wait32(stream, w, 1, ATTND_CU_WAIT_VALUE_EQ),
                         "cuStreamWaitValue32", err, sizeof err);
-    /* the step's last wait resets every o word (one operation per step): after it, nothing of
-     * this step writes them (the daemon's writes and any release came before the waits passed),
-     * and the next step's come after its signals, queued behind this */
+    /* the step's last wait resets every o word (one operation per step) by copying their reset
+     * values: after it, nothing of this step writes them (the daemon's writes came before the
+     * waits passed), and the next step's come after its signals, queued behind this; a release
+     * set the reset values to 1 first, so a step queued behind a failed one passes too */
     if (rv == ATTND_ERR_OK && layer == s->layers - 1)
-        rv = attnd_cu_check(&s->cu, s->cu.memset_d32_async(s->o_dev, 0, s->layers, stream),
-                            "cuMemsetD32Async", err, sizeof err);
+        rv = attnd_cu_check(&s->cu,
+                            s->cu.memcpy_dtod_async(s->o_dev, s->o_reset, 4u * s->layers, stream),
+                            "cuMemcpyDtoDAsync", err, sizeof err);
     return rv == ATTND_ERR_OK ? rv : attnd_client_fail(s->c, rv, "stream_wait: %s", err);
 }
 
@@ -395,17 +402,32 @@ attnd_err attnd_client_attend_async(attnd_client_stream *s, uint32_t layer, void
 
 /* ---------------------------------------------------------------- StreamEnd */
 
+/* Write every word of `words` ([layers], device) to 1 on the release stream and wait for it. */
+static void write_ones(attnd_client_stream *s, attnd_cu_devptr words)
+{
+    for (uint32_t l = 0; l < s->layers; l++)
+        s->cu.write32(s->release, words + 4u * l, 1, 0);
+    s->cu.stream_sync(s->release);
+}
+
 /* The step did not end as planned: write every o word from here, so that no wait queued on the
- * caller's stream stalls (what follows reads garbage: the step's outputs are void). */
+ * caller's stream stalls (what follows reads garbage: the step's outputs are void). On CUDA the
+ * reset values go to 1 first, so the resets of steps the caller's stream still runs (a step
+ * launched ahead of this one's StreamEnd) keep the words released; a reset already copying when
+ * the words were written could clear them once more, so they are written again a moment later. */
 static void release_own(attnd_client_stream *s)
 {
     __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
-    for (uint32_t l = 0; l < s->layers; l++) {
-        if (s->cuda)
-            s->cu.write32(s->release, s->o_dev + 4u * l, 1, 0);
-        else
+    if (!s->cuda) {
+        for (uint32_t l = 0; l < s->layers; l++)
             __atomic_store_n((uint32_t *)s->o_shm.base + l, 1u, __ATOMIC_RELEASE);
+        return;
     }
+    write_ones(s, s->o_reset);
+    write_ones(s, s->o_dev);
+    struct timespec ts = {0, 2000000}; /* 2 ms: far longer than a 512-byte copy runs */
+    nanosleep(&ts, NULL);
+    write_ones(s, s->o_dev);
 }
 
 void attnd_client_stream_release(attnd_client_stream *s)

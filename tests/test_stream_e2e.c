@@ -1,7 +1,8 @@
 /* Stream channels (stream-ordered steps) against the real daemon, CPU backend: the protocol's
  * logic end to end on the emulated streams (kernels/cpu/stream.c), the worker's "stream" being
  * its thread. Steps through a channel are bit-identical to the same steps through Attend (also
- * when layer 0 is signalled before StreamBegin answers; a begin that then fails is released); a
+ * when layer 0 is signalled before StreamBegin answers, or one step ahead, before the previous
+ * step's StreamEnd, as a replay launched ahead does; a begin that then fails is released); a
  * step whose worker stops signalling times out (TIMEOUT, the channel fails, a new one works)
  * while other sessions are served; a worker killed mid-step has its step released and aborted,
  * the other worker is unaffected and bit-identical to a solo run, and every block comes back;
@@ -45,8 +46,14 @@ typedef struct worker {
     attnd_client *c;
     attnd_shm io;
     attnd_client_stream *s; /* NULL: plain Attend */
-    int signal_early;       /* signal layer 0 before StreamBegin (a replay launched first) */
+    int early;              /* layer 0 signalled before StreamBegin: EARLY_* */
+    int signalled;          /* the next step's layer 0 is signalled already */
 } worker;
+
+/* When a worker signals a step's layer 0: after the previous StreamEnd, before StreamBegin (a
+ * replay launched while StreamBegin travels), or before the previous step's StreamEnd (a replay
+ * launched one step ahead). */
+enum { EARLY_NONE, EARLY_BEFORE_BEGIN, EARLY_AHEAD };
 
 static const size_t Q_OFF = 0, K_OFF = TMAX * HQ * D * 4, V_OFF = K_OFF + TMAX * HK * D * 4,
                     O_OFF = V_OFF + TMAX * HK * D * 4, IO_BYTES = O_OFF + TMAX * HQ * D * 4;
@@ -96,8 +103,9 @@ static void fill_inputs(worker *w, int64_t T, int k, uint32_t l)
 }
 
 /* Step k over seqs: every layer's output into out[l] ([TMAX * HQ * D] floats each), through the
- * worker's channel or plain Attend. */
-static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, float *out)
+ * worker's channel or plain Attend; next_T: the next step's tokens (EARLY_AHEAD), 0 none. */
+static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, float *out,
+                     int64_t next_T)
 {
     attnd_step st;
     attnd_ref r[4];
@@ -106,9 +114,11 @@ static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, flo
         T += seqs[i].new_tokens;
     refs_for(w, T, r);
     attnd_stream_layer io = {&r[0], &r[1], &r[2], &r[3], NULL};
-    if (w->s && w->signal_early) {
+    int ahead = w->s && w->early == EARLY_AHEAD && next_T > 0;
+    if (w->s && w->early != EARLY_NONE && !w->signalled) {
         fill_inputs(w, T, k, 0);
         cr_assert_eq(attnd_client_stream_signal(w->s, 0, NULL), ATTND_ERR_OK);
+        w->signalled = 1;
     }
     if (w->s)
         cr_assert_eq(attnd_client_stream_begin(w->s, seqs, n, &io, 1, &st, NULL), ATTND_ERR_OK,
@@ -117,19 +127,28 @@ static void run_step(worker *w, const attnd_step_seq *seqs, size_t n, int k, flo
         cr_assert_eq(attnd_client_step_begin(w->c, seqs, n, &st, NULL), ATTND_ERR_OK);
     cr_assert_eq(st.num_tokens, (uint32_t)T);
     for (uint32_t l = 0; l < L; l++) {
-        int early = w->s && w->signal_early && l == 0; /* filled and signalled before begin */
+        int early = w->s && w->signalled && l == 0; /* filled and signalled before begin */
         if (!early) fill_inputs(w, T, k, l);
-        if (early)
+        if (early) {
+            w->signalled = 0;
             cr_assert_eq(attnd_client_stream_wait(w->s, 0, NULL), ATTND_ERR_OK, "%s",
                          attnd_client_last_error(w->c));
-        else if (w->s)
+        } else if (w->s)
             cr_assert_eq(attnd_client_attend_async(w->s, l, NULL), ATTND_ERR_OK, "%s",
                          attnd_client_last_error(w->c));
         else
             cr_assert_eq(attnd_client_attend(w->c, st.id, l, &r[0], &r[1], &r[2], &r[3], NULL),
                          ATTND_ERR_OK, "%s", attnd_client_last_error(w->c));
+        /* one step ahead: the next step's layer 0 signalled the moment the last wait returned,
+         * as tight as a stream running ahead gets (its inputs are written below, before the
+         * StreamBegin that queues the daemon's read of them) */
+        if (ahead && l == L - 1) {
+            cr_assert_eq(attnd_client_stream_signal(w->s, 0, NULL), ATTND_ERR_OK);
+            w->signalled = 1;
+        }
         memcpy(out + (size_t)l * TMAX * HQ * D, (char *)w->io.base + O_OFF, (size_t)T * HQ * D * 4);
     }
+    if (ahead) fill_inputs(w, next_T, k + 1, 0);
     if (w->s)
         cr_assert_eq(attnd_client_stream_end(w->s, st.id, 0), ATTND_ERR_OK, "%s",
                      attnd_client_last_error(w->c));
@@ -148,8 +167,11 @@ static float *run_all(worker *w)
     cr_assert_not_null(out);
     for (uint64_t id = 1; id <= 2; id++)
         cr_assert_eq(attnd_client_seq_create(w->c, id, NULL), ATTND_ERR_OK);
-    for (int k = 0; k < NSTEPS; k++)
-        run_step(w, STEPS[k], 2, k, out + (size_t)k * L * TMAX * HQ * D);
+    for (int k = 0; k < NSTEPS; k++) {
+        int64_t next_T =
+            k + 1 < NSTEPS ? STEPS[k + 1][0].new_tokens + STEPS[k + 1][1].new_tokens : 0;
+        run_step(w, STEPS[k], 2, k, out + (size_t)k * L * TMAX * HQ * D, next_T);
+    }
     return out;
 }
 
@@ -170,16 +192,21 @@ static uint32_t blocks_free(attnd_client *c)
 Test(stream_e2e, steps_match_attend_bit_for_bit, .timeout = 120)
 {
     attnd_daemon_proc d;
-    worker a, b, e;
+    worker a, b, e, f;
     attnd_test_daemon_start(&d, CONFIG);
     worker_open(&a, &d, 1);
     worker_open(&b, &d, 0);
     worker_open(&e, &d, 1);
-    e.signal_early = 1;
+    worker_open(&f, &d, 1);
+    e.early = EARLY_BEFORE_BEGIN;
+    f.early = EARLY_AHEAD;
     float *via_stream = run_all(&a), *via_attend = run_all(&b), *early = run_all(&e);
+    float *ahead = run_all(&f);
     cr_expect(same(via_stream, via_attend), "stream steps equal Attend steps bit for bit");
     cr_expect(same(early, via_attend), "and so do steps whose layer 0 was signalled before "
                                        "StreamBegin answered");
+    cr_expect(same(ahead, via_attend), "and steps whose layer 0 was signalled before the "
+                                       "previous step's StreamEnd");
     attnd_seq_info info;
     cr_expect_eq(attnd_client_seq_query(a.c, 1, &info), ATTND_ERR_OK);
     cr_expect_eq(info.num_tokens, 15u, "13 + 1 + 1 tokens committed");
@@ -188,9 +215,11 @@ Test(stream_e2e, steps_match_attend_bit_for_bit, .timeout = 120)
     free(via_stream);
     free(via_attend);
     free(early);
+    free(ahead);
     worker_close(&a);
     worker_close(&b);
     worker_close(&e);
+    worker_close(&f);
     cr_expect_eq(attnd_daemon_stop(&d), 0, "clean exit");
 }
 
@@ -277,7 +306,7 @@ Test(stream_e2e, a_stalled_step_times_out_and_others_are_served, .timeout = 120)
                  attnd_client_last_error(a.c));
     float *again = calloc((size_t)NSTEPS * L * TMAX * HQ * D, sizeof(float));
     for (int k = 0; k < NSTEPS; k++)
-        run_step(&a, STEPS[k], 2, k, again + (size_t)k * L * TMAX * HQ * D);
+        run_step(&a, STEPS[k], 2, k, again + (size_t)k * L * TMAX * HQ * D, 0);
     cr_expect(same(again, ref), "the reopened channel serves as a fresh one");
     free(ref);
     free(got);
@@ -389,11 +418,11 @@ Test(stream_e2e, a_worker_killed_mid_step_leaves_the_other_untouched, .timeout =
     float *got = calloc((size_t)NSTEPS * L * TMAX * HQ * D, sizeof(float));
     for (uint64_t id = 1; id <= 2; id++)
         cr_assert_eq(attnd_client_seq_create(b.c, id, NULL), ATTND_ERR_OK);
-    run_step(&b, STEPS[0], 2, 0, got);
+    run_step(&b, STEPS[0], 2, 0, got, 0);
     cr_assert_eq(kill(child, SIGKILL), 0);
     cr_assert_eq(waitpid(child, &status, 0), child);
     for (int k = 1; k < NSTEPS; k++)
-        run_step(&b, STEPS[k], 2, k, got + (size_t)k * L * TMAX * HQ * D);
+        run_step(&b, STEPS[k], 2, k, got + (size_t)k * L * TMAX * HQ * D, 0);
     cr_expect(same(got, ref), "the surviving worker is bit-identical to a solo run");
     for (int i = 0; i < 100 && !log_has(&d, "why=\"a disconnect\""); i++)
         usleep(20000);

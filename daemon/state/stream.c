@@ -333,10 +333,11 @@ static attnd_err chan_index(attnd_streams *ss, attnd_stream_chan *ch, attnd_step
     return rv;
 }
 
-/* Queue layer l: wait for the worker's qkv word, cache write + attention, signal o. The word is
- * reset to 0 after the last layer (chan_arm), off the path from one layer's handoff to the next:
- * the worker writes none of them again before its next StreamBegin, which follows this step's
- * end. */
+/* Queue layer l: wait for the worker's qkv word, cache write + attention, signal o. Every qkv
+ * word is reset to 0 once, after the last layer's attention and before its o word (off the path
+ * from one layer's handoff to the next): the worker's stream may signal the next step's layers as
+ * soon as that last wait passes (a replay launched before this step's StreamEnd), so no reset may
+ * come after it. */
 static attnd_err arm_layer(attnd_streams *ss, attnd_stream_chan *ch, attnd_step *st, uint32_t l,
                            const attnd_attend_io *io)
 {
@@ -347,6 +348,8 @@ static attnd_err arm_layer(attnd_streams *ss, attnd_stream_chan *ch, attnd_step 
         rv = attnd_plan_run_layer(be, &st->plan, st->index.dev, &pl, ch->ws3d);
         attnd_stream_select(be, NULL);
     }
+    if (rv == ATTND_ERR_OK && l + 1 == ch->layers)
+        rv = attnd_stream_write_values(be, ch->stream, ch->qkv, ch->layers, 0);
     if (rv == ATTND_ERR_OK) rv = attnd_stream_write_value(be, ch->stream, &ch->o[l], 1);
     if (rv == ATTND_ERR_OK) st->attended[l] = ATTND_LAYER_ATTENDED;
     return rv;
@@ -394,11 +397,9 @@ static int chan_arm_failed(attnd_streams *ss, attnd_stream_chan *ch, attnd_err r
     return chan_act(ss, ch, attnd_sx_on(&ch->sx, ATTND_SX_QUEUE_FAILED, attnd_clock_ms(), &ss->t));
 }
 
-/* Queue up to count more layers of ch's step, and after the last the qkv resets. 1 when ch was
- * freed. */
+/* Queue up to count more layers of ch's step. 1 when ch was freed. */
 static int chan_arm_more(attnd_streams *ss, attnd_stream_chan *ch, uint32_t count)
 {
-    attnd_backend *be = chan_be(ss);
     attnd_err rv = ATTND_ERR_OK;
     if (ch->arm_io == NULL) return 0;
     for (; count > 0 && ch->arm_next < ch->layers && rv == ATTND_ERR_OK; count--) {
@@ -406,8 +407,6 @@ static int chan_arm_more(attnd_streams *ss, attnd_stream_chan *ch, uint32_t coun
         rv = arm_layer(ss, ch, ch->step, l, &ch->arm_io[ch->arm_nio == 1 ? 0 : l]);
         if (rv == ATTND_ERR_OK) ch->arm_next++;
     }
-    if (rv == ATTND_ERR_OK && ch->arm_next == ch->layers)
-        rv = attnd_stream_write_values(be, ch->stream, ch->qkv, ch->layers, 0);
     if (rv != ATTND_ERR_OK) return chan_arm_failed(ss, ch, rv);
     if (ch->arm_next == ch->layers) {
         free(ch->arm_io);

@@ -6,10 +6,14 @@
  *   qkv[l]  daemon memory (exported to the worker by CUDA IPC / shm): the worker's stream writes
  *           1 once layer l's Q/K/V are in place; the daemon's stream waits for 1 and runs the
  *           cache write and the attention, and writes every qkv word back to 0 after the
- *           step's last layer (off the per-layer path);
+ *           step's last attention, before that layer's o word (off the per-layer path);
  *   o[l]    worker memory (a registered region): the daemon's stream writes 1 after layer l's
- *           output; the worker's stream waits for 1 before using it (and writes every o word
- *           back to 0 before its next step's first signal).
+ *           output; the worker's stream waits for 1 before using it (and its last wait of the
+ *           step writes every o word back to its reset value: 0, or 1 once it released itself).
+ * So each side's resets come before the other side can write the next step's words: a worker's
+ * stream may run the next step's signals and waits (a replay launched before this StreamEnd and
+ * the next StreamBegin) and nothing of it is erased; the daemon queues that step at its
+ * StreamBegin, which follows this step's StreamEnd.
  * Fixed values (set 1 / wait-equal 1 / reset 0) on both sides, so a worker's captured CUDA graph
  * replays the same operations every step; a step's layers are queued on the daemon's stream
  * right after BeginStep's reply (the worker's stream waits for them anyway, so the reply does not

@@ -445,13 +445,18 @@ ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const att
  * caller's stream writes 1 once the layer's Q/K/V are in place) and the caller's (the daemon's
  * stream writes 1 once the output is there; the caller's stream waits for it; the last layer's
  * wait writes every one of them back to 0 at the step's end).
- * The values are the same every step, so a captured graph replays. A step the daemon does not
+ * The values are the same every step, so a captured graph replays. The caller's stream may run
+ * ahead by one step: step k + 1's work (a replay) may be queued right after step k's, before
+ * StreamEnd(k) and StreamBegin(k + 1) (in that order) are sent; the daemon resets its words before
+ * its last output of a step and the caller's last wait resets the caller's, so nothing of step
+ * k + 1 is erased, and the caller's GPU never idles for the two round trips. A step the daemon does not
  * see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
  * runs out, the step aborts, StreamEnd fails (TIMEOUT) and the channel takes no more steps:
  * close it and open another (new flag words: capture the graph again). When StreamEnd fails for
  * any such reason, and as soon as the connection to the daemon drops (from NNG's thread, even
- * while the caller is blocked on its stream), this library writes the caller's own flag words,
- * so that no wait queued on the caller's stream stalls; that step's outputs are garbage.
+ * while the caller is blocked on its stream), this library writes the caller's own flag words
+ * for good (the channel's later resets keep them written), so that no wait queued on the
+ * caller's stream stalls, a step queued ahead included; those steps' outputs are garbage.
  *
  * On a CUDA daemon the flag words are device memory (allocated through the CUDA driver in the
  * calling thread's current context, which must exist: the caller's framework made it) and

@@ -8,6 +8,7 @@ fails the channel; INLINE tensors are refused."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -171,9 +172,12 @@ def test_inline_tensors_are_refused(daemon):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need the GPU (ATTND_TEST_BACKEND=cuda)")
-def test_a_captured_decode_step_replays(daemon):
+@pytest.mark.parametrize("ahead", [False, True], ids=["in_turn", "one_step_ahead"])
+def test_a_captured_decode_step_replays(daemon, ahead):
     """The worker's side of a decode step (copies, signal and wait of every layer) captured
-    once in a CUDA graph and replayed each step: the same outputs as uncaptured steps."""
+    once in a CUDA graph and replayed each step: the same outputs as uncaptured steps; ahead:
+    each replay launched before the previous step's StreamEnd and its own StreamBegin, outputs
+    kept on the GPU (no host sync between steps)."""
     import torch
 
     with attnd.Client(daemon.url) as a, attnd.Client(daemon.url) as b, a.stream() as ch:
@@ -198,16 +202,58 @@ def test_a_captured_decode_step_replays(daemon):
             for layer in range(L):
                 ch.attend(ch_step_stub(2, q, k, v, o), layer, *src[layer], out=outs[layer],
                           stream=s)
+        pending, kept = None, []
         for k_ in (1, 2):  # replay per decode step, only StreamBegin / StreamEnd on the host
             for layer in range(L):
                 for dst, x in zip(src[layer], inputs(k_, layer, 2)):
                     put(dst, x)
-            st = ch.begin(STEPS[k_], q, k, v, o)
-            graph.replay()
-            ch.end(st)
-            got.extend(host(x) for x in outs)
+            if ahead:
+                graph.replay()
+                if pending is not None:
+                    ch.end(pending)
+                pending = ch.begin(STEPS[k_], q, k, v, o)
+            else:
+                st = ch.begin(STEPS[k_], q, k, v, o)
+                graph.replay()
+                ch.end(st)
+            kept.extend(x.clone() for x in outs)
+        if pending is not None:
+            ch.end(pending)
+        got.extend(host(x) for x in kept)
+        assert len(got) == len(want)
         for g, w in zip(got, want):
             assert np.array_equal(g, w)
+
+
+@pytest.mark.skipif(not CUDA, reason="the o words' reset copy is the CUDA side's")
+def test_a_release_holds_for_a_step_queued_ahead(daemon):
+    """A worker whose stream queued the next step's waits before this step's last wait ran,
+    and whose next StreamBegin then fails: its release must outlast this step's reset of the
+    o words, so that the queued waits pass and the stream drains."""
+    import torch
+
+    with attnd.Client(daemon.url) as c, c.stream() as ch:
+        b = Buffers(c)
+        c.create(1)
+        st = ch.begin([(1, 1)], *b.rows(1))
+        for layer in range(L - 1):
+            ch.attend(st, layer)
+        ch.signal(L - 1)
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the release comes before the last wait
+        ch.wait(L - 1)  # the step's last wait, and its reset of the o words
+        ch.signal(0)  # the next step, queued ahead
+        ch.wait(0)
+        done = torch.cuda.Event()
+        done.record()
+        ch.end(st)  # the daemon ran every layer
+        with pytest.raises(attnd.AttndError, match="77"):
+            ch.begin([(77, 1)], *b.rows(1))  # no such sequence: the next step never runs
+        ch.release()
+        assert ch.failed
+        deadline = time.monotonic() + 20
+        while not done.query() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done.query(), "the step queued ahead still waits: the reset erased the release"
 
 
 def ch_step_stub(t: int, q, k, v, o) -> attnd.StreamStep:
