@@ -11,6 +11,8 @@
 #      with the decode step captured in a CUDA graph) vs attnd (Attend), attnd over a stream
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
 #      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y).
+#   5. bench/sdpa_decode.py: one layer in process (SDPA, its cache write, attnd's worker copies)
+#      at $LAYER_SHAPES (decode B:CTX, prefill pB:CTX; default: both at 32x2048 and 16x1024).
 # STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
 # BEFORE_CLIENT=its libattnd-client.so) at stage time, OVERHEAD_RUNS="attnd attnd-before attnd
 # attnd-before" alternates the two in step 3 (the worker on the matching client library).
@@ -137,6 +139,11 @@ PY
     stop_daemon
   done
   grep -a -E "event=stream|event=device_failed|level=error" "$out/attnd_overhead.log" | head -5
+}
+
+step_5() {
+  echo "== 5. one layer in process: sdpa_decode.py ${LAYER_SHAPES:=32:2048 16:1024 p32:2048 p16:1024}"
+  timeout 120 python3 "$dir/sdpa_decode.py" $LAYER_SHAPES 2>&1 | tee "$out/sdpa_layer.log" | grep -E "^case|Error"
 }
 
 run() {

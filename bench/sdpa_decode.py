@@ -3,16 +3,22 @@ sdpa-static run spends per layer (the K/V index_copy into its StaticCache and sd
 SDPA over the whole static length, masked) against what an attnd stream step adds on the
 worker's side (Q/K/V copied into the registered step tensors). CUDA events, median, inputs
 rotated over more than the L2; each figure is one call's share of 20 calls captured in a CUDA
-graph (queued from Python, small ops measure the host's launch, not the GPU). Usage:
-python3 bench/sdpa_decode.py [B:CTX ...]"""
+graph (queued from Python, small ops measure the host's launch, not the GPU). With pB:CTX, a
+prefill layer of B prompts of CTX tokens instead: transformers' sdpa_attention_forward as the
+sdpa-static run calls it (empty StaticCache: no mask, causal, GQA in SDPA, its output made
+contiguous) under SDPA's default choice and each backend forced, the StaticCache index_copy, and
+attnd's worker copies; CUDA events around single calls. Usage:
+python3 bench/sdpa_decode.py [B:CTX | pB:CTX ...]"""
 
 from __future__ import annotations
 
 import statistics
 import sys
+import types
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HQ, HK, D, NEW = 32, 8, 128, 64
 
@@ -81,7 +87,63 @@ def shape(b: int, ctx: int) -> None:
           f"attnd_worker_copies_us={t_copy:.1f} | foreach_copy_us={t_foreach:.1f}", flush=True)
 
 
+def timed_once(fn, reps: int = 7) -> float:
+    """GPU time of one call (large ops): events around each of reps calls, median."""
+    fn(0)
+    times = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def prefill(b: int, ctx: int) -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    s = -(-(ctx + NEW + 1) // 64) * 64
+    q = torch.randn(b, ctx, HQ, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn_like(k)
+    kc = torch.zeros(b, HK, s, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    pos = torch.arange(ctx, device="cuda")
+    module = types.SimpleNamespace(num_key_value_groups=HQ // HK, is_causal=True, training=False)
+    step_q = torch.empty(b * ctx, HQ, D, device="cuda", dtype=torch.bfloat16)
+    step_kv = [torch.empty(b * ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    def sdpa(i: int) -> None:  # StaticCache.update returns the whole cache: sliced inside
+        sdpa_attention_forward(module, q, kc, vc, None, scaling=D ** -0.5)
+
+    def cache_write(i: int) -> None:
+        kc.index_copy_(2, pos, k)
+        vc.index_copy_(2, pos, v)
+
+    def copies(i: int) -> None:  # the packed [T, H, D] views of query/key/value -> step tensors
+        step_q.copy_(q.transpose(1, 2).reshape(b * ctx, HQ, D))
+        step_kv[0].copy_(k.transpose(1, 2).reshape(b * ctx, HK, D))
+        step_kv[1].copy_(v.transpose(1, 2).reshape(b * ctx, HK, D))
+
+    flops = 4 * b * HQ * D * ctx * ctx / 2
+    figures = {"default": timed_once(sdpa)}
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel(be):
+                figures[name] = timed_once(sdpa)
+        except RuntimeError:
+            figures[name] = float("nan")
+    line = " | ".join(f"{k}_us={t:.0f} ({flops / t / 1e6:.0f} TFLOP/s)" for k, t in figures.items())
+    print(f"case=sdpa prefill b={b} ctx={ctx} | {line} | index_copy_us={timed_once(cache_write):.0f}"
+          f" | attnd_worker_copies_us={timed_once(copies):.0f}", flush=True)
+
+
 if __name__ == "__main__":
     for arg in sys.argv[1:] or ["16:1024", "32:2048", "16:1056", "32:2080"]:
-        b, ctx = (int(x) for x in arg.split(":"))
-        shape(b, ctx)
+        if arg.startswith("p"):
+            prefill(*(int(x) for x in arg[1:].split(":")))
+        else:
+            shape(*(int(x) for x in arg.split(":")))

@@ -34,6 +34,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from .client import Client, Step
@@ -404,18 +405,20 @@ class Generator:
         plan = self._plan()
         if not plan:
             return False
-        ids = [t for s, n in plan for t in s.tokens[s.computed:s.computed + n]]
-        pos = [p for s, n in plan for p in range(s.computed, s.computed + n)]
+        # through numpy: a whole prompt batch is ~10x faster than torch.tensor of a list
+        ids = np.fromiter(itertools.chain.from_iterable(s.tokens[s.computed:s.computed + n]
+                                                        for s, n in plan), dtype=np.int64)
         ends = list(itertools.accumulate(n for _, n in plan))
         sample = [i for i, (s, n) in enumerate(plan) if s.computed + n == len(s.tokens)]
         device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype
         kwargs: dict[str, Any] = {
-            "input_ids": torch.tensor([ids], device=device), "use_cache": False,
+            "input_ids": torch.from_numpy(ids)[None].to(device), "use_cache": False,
             "logits_to_keep": torch.tensor([ends[i] - 1 for i in sample], dtype=torch.long,
                                            device=device)}
         if self._positions:
-            kwargs["position_ids"] = torch.tensor([pos], device=device)
+            pos = np.concatenate([np.arange(s.computed, s.computed + n) for s, n in plan])
+            kwargs["position_ids"] = torch.from_numpy(pos)[None].to(device)
         ws = self._workspace_for(len(ids), dtype, device)
         seqs = [(s.seq_id, n) for s, n in plan]
         with torch.inference_mode():
