@@ -296,9 +296,18 @@ PAIRS = (("attnd-stream", "sdpa-static"), ("attnd-stream-graph", "sdpa-static-gr
          ("attnd", "sdpa"))
 
 
+def round_ratios(rows: list[dict[str, Any]], shape: str, mine: str, base: str) -> list[float]:
+    """mine's decode over base's, round by round, where both ran."""
+    tok = {(r["impl"], r["repeat"]): r["decode_tok_s"] for r in rows
+           if r["shape"] == shape and "error" not in r}
+    return [tok[(mine, k)] / tok[(base, k)] for i, k in tok if i == mine and (base, k) in tok]
+
+
 def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per shape and impl: the median of every repeat's prefill and decode, and the decode and
-    prefill ratios of each fair pair (PAIRS) from those medians."""
+    prefill ratios of each fair pair (PAIRS) from those medians; beside them the median of the
+    pair's per-round decode ratios (a round's two runs share its machine state: steadier when
+    rounds drift, as host-bound eager runs do)."""
     out: list[dict[str, Any]] = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         med: dict[str, dict[str, Any]] = {}
@@ -315,6 +324,10 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 med[mine][f"decode_vs_{base}"] = (med[mine]["decode_tok_s"]
                                                   / med[base]["decode_tok_s"])
                 med[mine][f"prefill_vs_{base}"] = med[base]["prefill_s"] / med[mine]["prefill_s"]
+                ratios = round_ratios(rows, shape, mine, base)
+                if ratios:
+                    med[mine][f"decode_vs_{base}_per_round"] = [round(x, 3) for x in ratios]
+                    med[mine][f"decode_vs_{base}_round_median"] = statistics.median(ratios)
         out.extend(med.values())
     return out
 
