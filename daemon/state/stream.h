@@ -7,9 +7,9 @@
  *
  * BeginStep on a channel plans the step (state/step.h) and queues every layer on the channel's
  * stream: wait qkv[l] == 1, the cache write and the attention, write o[l] = 1 (the last layer
- * writes every qkv[l] = 0 before its o word); then returns. EndStep answers once the stream ran them (now, or later
- * through the reply callback). Deadlines and releases are the state machine's; the executor's
- * poller and the housekeeping tick feed it. Executor thread only. */
+ * writes every qkv[l] = 0 before its o word); then returns. EndStep answers once the stream ran
+ * them (now, or later through the reply callback). Deadlines and releases are the state machine's;
+ * the executor's poller and the housekeeping tick feed it. Executor thread only. */
 #ifndef ATTND_STATE_STREAM_H
 #define ATTND_STATE_STREAM_H
 

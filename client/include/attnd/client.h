@@ -449,8 +449,8 @@ ATTND_CLIENT_API attnd_err attnd_client_linear_decode(attnd_client *c, const att
  * ahead by one step: step k + 1's work (a replay) may be queued right after step k's, before
  * StreamEnd(k) and StreamBegin(k + 1) (in that order) are sent; the daemon resets its words before
  * its last output of a step and the caller's last wait resets the caller's, so nothing of step
- * k + 1 is erased, and the caller's GPU never idles for the two round trips. A step the daemon does not
- * see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
+ * k + 1 is erased, and the caller's GPU never idles for the two round trips. A step the daemon does
+ * not see through within its timeout (OpenStreamReply.timeout_ms) is released: the daemon's stream
  * runs out, the step aborts, StreamEnd fails (TIMEOUT) and the channel takes no more steps:
  * close it and open another (new flag words: capture the graph again). When StreamEnd fails for
  * any such reason, and as soon as the connection to the daemon drops (from NNG's thread, even

@@ -9,6 +9,13 @@ decode step can be queued at once and captured in a CUDA graph.
             ch.attend(st, layer, q_l, k_l, v_l)         # copies into q/k/v, signal, wait: o
     # StreamEnd when the block ends (the daemon ran every layer), abort when it raises
 
+A captured step replays step after step with only StreamBegin / StreamEnd on the host, and the
+caller's stream may run one step ahead, so its GPU never waits for the host between steps:
+
+    graph.replay()                              # step k + 1, queued behind step k
+    ch.end(step_k)                              # StreamEnd(k), then StreamBegin(k + 1)
+    step_k1 = ch.begin(seqs, q, k, v, o)
+
 On a CPU daemon (tests) the "stream" is the calling thread: a signal is a store, a wait polls.
 A step the daemon does not see through within its timeout is released and the channel fails
 (`failed`): close it and open another; the caller's stream never stalls (the library writes its
