@@ -10,7 +10,9 @@ sdpa-static-graph (the same, with the decode forward captured once in a CUDA gra
 each step); attnd (Client.attend: a host round trip per layer); attnd-stream (a stream channel:
 each layer handed over on the model's CUDA stream); attnd-stream-graph (the same, with the decode
 step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
-on the host). The fair pairs: attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
+on the host, each replay launched one step ahead); attnd-generator-graph (the product's path:
+attnd.transformers.Generator(cuda_graphs=True), tokens to the host every step). The fair pairs:
+attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
 
 --repeat N runs every impl N times, alternating (impl order rotated each round), after
 --warm-rounds (1) full-size rounds that are not counted, and prints the medians per shape and
@@ -143,10 +145,11 @@ class AttendTimer:
 
 
 def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
-              stream: bool = False) -> dict[str, float]:
+              stream: bool = False, graphs: bool = False) -> dict[str, float]:
     model.config._attn_implementation = at.NAME
     timer = AttendTimer(client)
-    with at.Generator(model, client, max_step_tokens=ids.numel(), stream=stream) as gen:
+    with at.Generator(model, client, max_step_tokens=ids.numel(), stream=stream,
+                      cuda_graphs=graphs) as gen:
         seqs = [gen.add(row.tolist(), new + 1) for row in ids]
         t0 = sync_time()
         gen.step()  # every prompt whole, each gets its first token
@@ -279,7 +282,7 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
 
 
 IMPLS = ("sdpa", "sdpa-static", "sdpa-static-graph", "attnd", "attnd-stream",
-         "attnd-stream-graph")
+         "attnd-stream-graph", "attnd-generator-graph")
 
 
 def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> dict[str, float]:
@@ -289,6 +292,8 @@ def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> 
         return run_sdpa_static(model, ids, new, graph=impl == "sdpa-static-graph")
     if impl == "attnd-stream-graph":
         return run_attnd_graph(model, c, ids, new)
+    if impl == "attnd-generator-graph":  # the product's path: a host sync per step
+        return run_attnd(model, c, ids, new, stream=True, graphs=True)
     return run_attnd(model, c, ids, new, stream=impl == "attnd-stream")
 
 

@@ -294,16 +294,52 @@ class Generation:
         return len(self.tokens) - self.computed
 
 
+class _DecodeGraph:
+    """The forward of `batch` sequences one token each (decode), with the stream channel's
+    per-layer handoff inside, captured once in a CUDA graph on static inputs: a replay is the
+    whole step on the GPU, only StreamBegin / StreamEnd on the host."""
+
+    def __init__(self, gen: Generator, batch: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        assert gen._channel is not None
+        self.ids = torch.zeros((1, batch), dtype=torch.long, device=device)
+        self.pos = torch.zeros((1, batch), dtype=torch.long, device=device)
+        keep = torch.arange(batch, device=device)
+        ws = gen._workspace_for(batch, dtype, device)
+        ws.reset()  # the buffers alias the eager steps': every step rewrites them first
+        fw = _Forward(gen.client, Step(0, batch, (), ()), gen._checked, ws, channel=gen._channel)
+        self.bufs = fw.carve(batch, dtype)
+        fw.stream_step = StreamStep(0, batch, (), *self.bufs)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), attending(gen.client, fw.step, ws, gen._checked,
+                                                     reset=False, fw=fw):
+            self.logits = gen.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
+                                    logits_to_keep=keep).logits[0]
+
+    def run(self, ch: StreamChannel, seqs: list[tuple[int, int]], ids: torch.Tensor,
+            pos: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.pos.copy_(pos)
+        with ch.step(seqs, *self.bufs):
+            self.graph.replay()
+        return self.logits
+
+
 class Generator:
     """Greedy batched generation on the daemon's paged cache: each step() is one daemon step
     and one forward of the model over every unfinished sequence — decodes one token each,
     prompts in chunks while max_step_tokens allows (chunked prefill) — so sequences added
     between steps join the running batch (continuous batching). The model must have been made
-    with attn_implementation="attnd" (register() first) and match the daemon's geometry."""
+    with attn_implementation="attnd" (register() first) and match the daemon's geometry.
+
+    cuda_graphs: decode steps (every sequence one token) of a batch size seen before run as a
+    CUDA graph replay, captured on the second step of that size (a stream channel and a CUDA
+    model taking position_ids needed; the model's forward must be capturable)."""
 
     def __init__(self, model: Any, client: Client, *, max_step_tokens: int | None = None,
                  keep_logits: bool = False, first_seq_id: int = 1, tp_size: int = 1,
-                 tp_rank: int = 0, stream: bool | None = None) -> None:
+                 tp_rank: int = 0, stream: bool | None = None,
+                 cuda_graphs: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != NAME:
             raise ValueError(f'the model runs attn_implementation={impl!r}: load it with '
@@ -329,6 +365,11 @@ class Generator:
         self.stream = (client.backend == "cuda" and client.url.startswith("ipc://")
                        and device.type == "cuda") if stream is None else stream
         self._channel: StreamChannel | None = None
+        if cuda_graphs and not (self.stream and device.type == "cuda" and self._positions):
+            raise ValueError("cuda_graphs: decode graphs need a stream channel (a CUDA daemon on "
+                             "this host, a CUDA model) and a model taking position_ids")
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[int, _DecodeGraph | None] = {}  # batch -> graph (None: seen once)
         # the step buffers (registered with the daemon) and the stream channel now, as an
         # engine sets up at start: the first step would otherwise pay their allocation, CUDA IPC
         # export and the daemon's mapping (a region of max_step_tokens rows)
@@ -359,6 +400,7 @@ class Generator:
     def close(self) -> None:
         """Free every unfinished sequence in the daemon; close the stream channel and release
         the step buffers."""
+        self._graphs.clear()  # they wait on the channel's words
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -422,7 +464,11 @@ class Generator:
         ws = self._workspace_for(len(ids), dtype, device)
         seqs = [(s.seq_id, n) for s, n in plan]
         with torch.inference_mode():
-            if self._stream_channel() is not None:
+            graph = self._decode_graph(plan, dtype, device)
+            if graph is not None:
+                logits = graph.run(self._channel, seqs, kwargs["input_ids"],
+                                   kwargs["position_ids"])
+            elif self._stream_channel() is not None:
                 logits = self._forward_stream(seqs, ws, len(ids), dtype, kwargs)
             else:
                 with self.client.step(seqs) as st, attending(self.client, st, ws, self._checked):
@@ -440,9 +486,25 @@ class Generator:
                 self.client.free(s.seq_id)
         return True
 
+    def _decode_graph(self, plan: list[tuple[Generation, int]], dtype: torch.dtype,
+                      device: torch.device) -> _DecodeGraph | None:
+        """The captured decode step for this plan's batch (captured now if this size ran once
+        eagerly, the warm-up capture wants), or None: run it eagerly."""
+        if not self.cuda_graphs or any(n != 1 for _, n in plan) or self._stream_channel() is None:
+            return None
+        b = len(plan)
+        if b not in self._graphs:
+            self._graphs[b] = None
+            return None
+        if self._graphs[b] is None and sum(g is not None for g in self._graphs.values()) < 16:
+            self._graphs[b] = _DecodeGraph(self, b, dtype, device)
+        return self._graphs[b]
+
     def _stream_channel(self) -> StreamChannel | None:
-        """The open stream channel (a new one after a failed step), or None without streams."""
+        """The open stream channel (a new one after a failed step, its graphs dropped), or None
+        without streams."""
         if self._channel is not None and self._channel.failed:
+            self._graphs.clear()
             self._channel.close()
             self._channel = None
         if self.stream and self._channel is None:

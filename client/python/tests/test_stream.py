@@ -295,6 +295,46 @@ def test_generator_through_a_stream_channel_matches_attend():
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
+def test_decode_graphs_replay_the_eager_steps():
+    """Generator(cuda_graphs=True): decode steps of a batch size seen before replay a captured
+    CUDA graph; the same tokens as the eager steps, logits within float rounding. Without a
+    CUDA stream channel the option is refused."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import attnd.config
+    import attnd.transformers as at
+
+    at.register()
+    torch.manual_seed(0)
+    device = "cuda" if CUDA else "cpu"
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=256)).eval().to(device)
+    model.config._attn_implementation = at.NAME
+    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    with Daemon(geometry) as d, attnd.Client(d.url) as c:
+        if not CUDA:
+            with pytest.raises(ValueError, match="cuda_graphs"):
+                at.Generator(model, c, cuda_graphs=True)
+            return
+        runs = []
+        for graphs in (False, True):
+            with at.Generator(model, c, max_step_tokens=32, keep_logits=True,
+                              cuda_graphs=graphs) as gen:
+                seqs = [gen.add(p, 12) for p in prompts]
+                gen.run()
+                runs.append(seqs)
+                assert any(v is not None for v in gen._graphs.values()) == graphs
+    for a, b in zip(*runs):
+        assert a.generated == b.generated
+        worst = max(float((x - y).abs().max()) for x, y in zip(a.logits, b.logits))
+        assert worst < 1e-4
+
+
 def other_client_work(url: str) -> None:
     """What must not wait for another session's stream: register and unregister regions (CUDA
     IPC on the GPU, each a fresh 32 MiB allocation), open and close stream channels, and Attend
