@@ -302,9 +302,10 @@ class _DecodeGraph:
     def __init__(self, gen: Generator, batch: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         assert gen._channel is not None
+        # every tensor the graph reads stays referenced here: a freed one's memory is reused
         self.ids = torch.zeros((1, batch), dtype=torch.long, device=device)
         self.pos = torch.zeros((1, batch), dtype=torch.long, device=device)
-        keep = torch.arange(batch, device=device)
+        self.keep = torch.arange(batch, device=device)
         ws = gen._workspace_for(batch, dtype, device)
         ws.reset()  # the buffers alias the eager steps': every step rewrites them first
         fw = _Forward(gen.client, Step(0, batch, (), ()), gen._checked, ws, channel=gen._channel)
@@ -314,7 +315,7 @@ class _DecodeGraph:
         with torch.cuda.graph(self.graph), attending(gen.client, fw.step, ws, gen._checked,
                                                      reset=False, fw=fw):
             self.logits = gen.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
-                                    logits_to_keep=keep).logits[0]
+                                    logits_to_keep=self.keep).logits[0]
 
     def run(self, ch: StreamChannel, seqs: list[tuple[int, int]], ids: torch.Tensor,
             pos: torch.Tensor) -> torch.Tensor:
