@@ -317,13 +317,17 @@ class _DecodeGraph:
             self.logits = gen.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
                                     logits_to_keep=self.keep).logits[0]
 
-    def run(self, ch: StreamChannel, seqs: list[tuple[int, int]], ids: torch.Tensor,
-            pos: torch.Tensor) -> torch.Tensor:
-        self.ids.copy_(ids)
-        self.pos.copy_(pos)
-        with ch.step(seqs, *self.bufs):
-            self.graph.replay()
-        return self.logits
+
+
+@dataclass
+class _Ahead:
+    """A replayed decode step whose StreamEnd and tokens are still to come."""
+
+    graph: _DecodeGraph
+    step: StreamStep
+    plan: list[tuple[Generation, int]]
+    tokens: torch.Tensor  # [batch] its greedy tokens, on the GPU
+    logits: torch.Tensor | None  # a copy of its logits (keep_logits), the next replay reuses them
 
 
 class Generator:
@@ -335,7 +339,10 @@ class Generator:
 
     cuda_graphs: decode steps (every sequence one token) of a batch size seen before run as a
     CUDA graph replay, captured on the second step of that size (a stream channel and a CUDA
-    model taking position_ids needed; the model's forward must be capturable)."""
+    model taking position_ids needed; the model's forward must be capturable). step() then
+    returns while the replay runs, and while the batch stays the same the next step's replay is
+    queued behind it, fed its tokens on the GPU, before its StreamEnd: a step's tokens come in
+    with the next step() (run() and flush() take them all)."""
 
     def __init__(self, model: Any, client: Client, *, max_step_tokens: int | None = None,
                  keep_logits: bool = False, first_seq_id: int = 1, tp_size: int = 1,
@@ -371,6 +378,8 @@ class Generator:
                              "this host, a CUDA model) and a model taking position_ids")
         self.cuda_graphs = cuda_graphs
         self._graphs: dict[int, _DecodeGraph | None] = {}  # batch -> graph (None: seen once)
+        self._ahead: _Ahead | None = None
+        self.chained = 0  # replays queued behind the step before, its tokens fed on the GPU
         # the step buffers (registered with the daemon) and the stream channel now, as an
         # engine sets up at start: the first step would otherwise pay their allocation, CUDA IPC
         # export and the daemon's mapping (a region of max_step_tokens rows)
@@ -388,6 +397,7 @@ class Generator:
         return s
 
     def fork(self, parent: Generation, next_token: int, max_new_tokens: int) -> Generation:
+        self.flush()
         """A sequence sharing parent's cache (copy-on-write) that continues with next_token
         instead of what the parent generates; its `generated` starts with next_token."""
         if parent.finished:
@@ -401,6 +411,8 @@ class Generator:
     def close(self) -> None:
         """Free every unfinished sequence in the daemon; close the stream channel and release
         the step buffers."""
+        with contextlib.suppress(Exception):  # closing: a failed last step changes nothing
+            self.flush()
         self._graphs.clear()  # they wait on the channel's words
         if self._channel is not None:
             self._channel.close()
@@ -445,6 +457,9 @@ class Generator:
 
     def step(self) -> bool:
         """One daemon step over the scheduled sequences; False when nothing was left to do."""
+        if self._ahead is not None and self._chain():
+            return True
+        self.flush()
         plan = self._plan()
         if not plan:
             return False
@@ -467,24 +482,73 @@ class Generator:
         with torch.inference_mode():
             graph = self._decode_graph(plan, dtype, device)
             if graph is not None:
-                logits = graph.run(self._channel, seqs, kwargs["input_ids"],
-                                   kwargs["position_ids"])
-            elif self._stream_channel() is not None:
+                graph.ids.copy_(kwargs["input_ids"])
+                graph.pos.copy_(kwargs["position_ids"])
+                self._launch(graph, plan)
+                return True
+            if self._stream_channel() is not None:
                 logits = self._forward_stream(seqs, ws, len(ids), dtype, kwargs)
             else:
                 with self.client.step(seqs) as st, attending(self.client, st, ws, self._checked):
                     logits = self.model(**kwargs).logits[0]
+        self._take(plan, sample, logits, logits.argmax(-1))
+        return True
+
+    def flush(self) -> None:
+        """End the replayed step still running, if any, and take its tokens."""
+        a, self._ahead = self._ahead, None
+        if a is None:
+            return
+        assert self._channel is not None
+        self._channel.end(a.step)  # failed: the library released the replays queued behind
+        self._take(a.plan, range(len(a.plan)), a.logits, a.tokens)
+
+    def _take(self, plan: list[tuple[Generation, int]], sample: Sequence[int],
+              logits: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """The step's tokens (rows of `sample`) into its sequences; finished ones freed."""
         for s, n in plan:
             s.computed += n
-        next_tokens = logits.argmax(-1).tolist()  # one device sync for the whole batch
+        next_tokens = tokens.tolist()  # one device sync for the whole batch
         for row, i in enumerate(sample):
             s = plan[i][0]
             s.tokens.append(next_tokens[row])
-            if self.keep_logits:
+            if self.keep_logits and logits is not None:
                 s.logits.append(logits[row].float().cpu())
             if len(s.generated) >= s.max_new_tokens:
                 s.finished = True
                 self.client.free(s.seq_id)
+
+    def _launch(self, graph: _DecodeGraph, plan: list[tuple[Generation, int]]) -> None:
+        """Replay graph (its inputs in place), end the step ahead if any, then this one's
+        StreamBegin (the stream may run ahead of it): this step is ahead until flush()."""
+        with torch.inference_mode():
+            graph.graph.replay()
+            tokens = graph.logits.argmax(-1)
+            logits = graph.logits.clone() if self.keep_logits else None
+        self.flush()
+        assert self._channel is not None
+        try:
+            st = self._channel.begin([(s.seq_id, n) for s, n in plan], *graph.bufs)
+        except BaseException:
+            self._channel.release()  # the replay waits on a step the daemon will not run
+            raise
+        self._ahead = _Ahead(graph, st, plan, tokens, logits)
+
+    def _chain(self) -> bool:
+        """Queue the next step's replay behind the one ahead, fed its tokens on the GPU, when
+        the batch stays the same (no sequence finishes with them, none joins); then end the one
+        ahead and begin this one. False: the next step cannot follow it so."""
+        a = self._ahead
+        assert a is not None
+        live = [s for s in self.seqs if not s.finished]
+        if [s for s, _ in a.plan] != live or any(len(s.generated) + 1 >= s.max_new_tokens
+                                                 for s in live):
+            return False
+        with torch.inference_mode():
+            a.graph.ids.copy_(a.tokens[None])
+            a.graph.pos.add_(1)
+        self._launch(a.graph, [(s, 1) for s in live])
+        self.chained += 1
         return True
 
     def _decode_graph(self, plan: list[tuple[Generation, int]], dtype: torch.dtype,

@@ -297,8 +297,9 @@ def test_generator_through_a_stream_channel_matches_attend():
 
 def test_decode_graphs_replay_the_eager_steps():
     """Generator(cuda_graphs=True): decode steps of a batch size seen before replay a captured
-    CUDA graph; the same tokens as the eager steps, logits within float rounding. Without a
-    CUDA stream channel the option is refused."""
+    CUDA graph, the next replay queued behind the last and fed its tokens on the GPU while the
+    batch stays the same; the same tokens as the eager steps, logits within float rounding.
+    Without a CUDA stream channel the option is refused."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -329,6 +330,7 @@ def test_decode_graphs_replay_the_eager_steps():
                 gen.run()
                 runs.append(seqs)
                 assert any(v is not None for v in gen._graphs.values()) == graphs
+                assert (gen.chained > 0) == graphs  # replays fed their tokens on the GPU
     for a, b in zip(*runs):
         assert a.generated == b.generated
         worst = max(float((x - y).abs().max()) for x, y in zip(a.logits, b.logits))
