@@ -11,7 +11,8 @@ each step); attnd (Client.attend: a host round trip per layer); attnd-stream (a 
 each layer handed over on the model's CUDA stream); attnd-stream-graph (the same, with the decode
 step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
 on the host, each replay launched one step ahead); attnd-generator-graph (the product's path:
-attnd.transformers.Generator(cuda_graphs=True), tokens to the host every step). The fair pairs:
+attnd.transformers.Generator(cuda_graphs=True): replays queued one behind the other, each
+step's tokens to the host while the next runs). The fair pairs:
 attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
 
 --repeat N runs every impl N times, alternating (impl order rotated each round), after
@@ -292,7 +293,7 @@ def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> 
         return run_sdpa_static(model, ids, new, graph=impl == "sdpa-static-graph")
     if impl == "attnd-stream-graph":
         return run_attnd_graph(model, c, ids, new)
-    if impl == "attnd-generator-graph":  # the product's path: a host sync per step
+    if impl == "attnd-generator-graph":  # the product's path
         return run_attnd(model, c, ids, new, stream=True, graphs=True)
     return run_attnd(model, c, ids, new, stream=impl == "attnd-stream")
 
