@@ -8,7 +8,8 @@ impls (--impl, default all): sdpa (transformers' loop with a DynamicCache, which
 every layer's K/V each step); sdpa-static (a StaticCache sized to prompt + new tokens, eager);
 sdpa-static-graph (the same, with the decode forward captured once in a CUDA graph and replayed
 each step); attnd (Client.attend: a host round trip per layer); attnd-stream (a stream channel:
-each layer handed over on the model's CUDA stream); attnd-stream-graph (the same, with the decode
+each layer handed over on the model's CUDA stream, decode steps run ahead: the Generator's
+run_ahead); attnd-stream-graph (the same, with the decode
 step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
 on the host, each replay launched one step ahead); attnd-generator-graph (the product's path:
 attnd.transformers.Generator(cuda_graphs=True): replays queued one behind the other, each
@@ -150,7 +151,7 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
     model.config._attn_implementation = at.NAME
     timer = AttendTimer(client)
     with at.Generator(model, client, max_step_tokens=ids.numel(), stream=stream,
-                      cuda_graphs=graphs) as gen:
+                      run_ahead=stream, cuda_graphs=graphs) as gen:
         seqs = [gen.add(row.tolist(), new + 1) for row in ids]
         t0 = sync_time()
         gen.step()  # every prompt whole, each gets its first token

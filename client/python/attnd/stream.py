@@ -160,9 +160,17 @@ class StreamChannel:
         """begin on the channel's own thread: launch the step's work (a graph replay) while it
         travels, then take its result. If it fails, the caller's stream may already wait on the
         step: call release() (its waits pass, the outputs are garbage, the channel fails)."""
+        return self._submit(self.begin, seqs, q, k, v, out, lse)
+
+    def end_async(self, step: StreamStep | int, abort: bool = False) -> Future[None]:
+        """end on the channel's own thread, in order with begin_async: a step's StreamEnd and
+        the next one's StreamBegin travel while the caller queues the next step's work."""
+        return self._submit(self.end, step, abort)
+
+    def _submit(self, fn: Any, *args: Any) -> Future[Any]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"attnd-stream-{self.id}")
-        return self._pool.submit(self.begin, seqs, q, k, v, out, lse)
+        return self._pool.submit(fn, *args)
 
     def release(self) -> None:
         """Write this side's flag words from the host: every wait queued on the caller's stream

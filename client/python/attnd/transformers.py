@@ -31,6 +31,7 @@ import inspect
 import itertools
 import math
 import types
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -294,40 +295,59 @@ class Generation:
         return len(self.tokens) - self.computed
 
 
-class _DecodeGraph:
-    """The forward of `batch` sequences one token each (decode), with the stream channel's
-    per-layer handoff inside, captured once in a CUDA graph on static inputs: a replay is the
-    whole step on the GPU, only StreamBegin / StreamEnd on the host."""
+class _Decode:
+    """The decode forward of `batch` sequences (one token each) with the stream channel's
+    per-layer handoff inside, on step tensors carved once: run eagerly, or captured in a CUDA
+    graph (capture()) and replayed. Every tensor a graph reads stays referenced here."""
 
     def __init__(self, gen: Generator, batch: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        assert gen._channel is not None
-        # every tensor the graph reads stays referenced here: a freed one's memory is reused
+        self.gen = gen
         self.ids = torch.zeros((1, batch), dtype=torch.long, device=device)
         self.pos = torch.zeros((1, batch), dtype=torch.long, device=device)
         self.keep = torch.arange(batch, device=device)
-        ws = gen._workspace_for(batch, dtype, device)
-        ws.reset()  # the buffers alias the eager steps': every step rewrites them first
-        fw = _Forward(gen.client, Step(0, batch, (), ()), gen._checked, ws, channel=gen._channel)
-        self.bufs = fw.carve(batch, dtype)
-        fw.stream_step = StreamStep(0, batch, (), *self.bufs)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), attending(gen.client, fw.step, ws, gen._checked,
-                                                     reset=False, fw=fw):
-            self.logits = gen.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
-                                    logits_to_keep=self.keep).logits[0]
+        self.ws = gen._workspace_for(batch, dtype, device)
+        self.ws.reset()  # the step tensors alias other steps': every step rewrites them first
+        self.fw = _Forward(gen.client, Step(0, batch, (), ()), gen._checked, self.ws,
+                           channel=gen._channel)
+        self.bufs = self.fw.carve(batch, dtype)
+        self.fw.stream_step = StreamStep(0, batch, (), *self.bufs)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
 
+    def _forward(self) -> torch.Tensor:
+        self.fw.attended.clear()
+        with attending(self.gen.client, self.fw.step, self.ws, self.gen._checked, reset=False,
+                       fw=self.fw):
+            return self.gen.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
+                                  logits_to_keep=self.keep).logits[0]
+
+    def capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits = self._forward()
+        self.graph = graph
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The step's logits [batch, vocab] for tokens ids at positions pos ([1, batch])."""
+        self.ids.copy_(ids)
+        self.pos.copy_(pos)
+        if self.graph is None:
+            return self._forward()
+        self.graph.replay()
+        assert self.logits is not None
+        return self.logits
 
 
 @dataclass
 class _Ahead:
-    """A replayed decode step whose StreamEnd and tokens are still to come."""
+    """A decode step on the GPU whose StreamEnd and tokens are still to come."""
 
-    graph: _DecodeGraph
     step: StreamStep
     plan: list[tuple[Generation, int]]
+    pos: torch.Tensor  # [1, batch] its positions, on the GPU
     tokens: torch.Tensor  # [batch] its greedy tokens, on the GPU
-    logits: torch.Tensor | None  # a copy of its logits (keep_logits), the next replay reuses them
+    logits: torch.Tensor | None  # a copy of its logits (keep_logits): the next run reuses them
 
 
 class Generator:
@@ -337,16 +357,18 @@ class Generator:
     between steps join the running batch (continuous batching). The model must have been made
     with attn_implementation="attnd" (register() first) and match the daemon's geometry.
 
-    cuda_graphs: decode steps (every sequence one token) of a batch size seen before run as a
-    CUDA graph replay, captured on the second step of that size (a stream channel and a CUDA
-    model taking position_ids needed; the model's forward must be capturable). step() then
-    returns while the replay runs, and while the batch stays the same the next step's replay is
-    queued behind it, fed its tokens on the GPU, before its StreamEnd: a step's tokens come in
-    with the next step() (run() and flush() take them all)."""
+    run_ahead (a stream channel and a model taking position_ids needed): a decode step (every
+    sequence one token) returns while the GPU runs it; while the batch stays the same the next
+    one is queued behind it, fed its tokens on the GPU, and the first one's StreamEnd and the
+    next one's StreamBegin travel on the channel's thread meanwhile, so neither the host nor the
+    GPU waits for the other between steps. A step's tokens then reach its Generation with the
+    next step() (run() and flush() take them all). cuda_graphs (implies run_ahead; a CUDA model,
+    capturable): decode steps of a batch size seen before replay a CUDA graph captured on the
+    second step of that size (at most 16 sizes)."""
 
     def __init__(self, model: Any, client: Client, *, max_step_tokens: int | None = None,
                  keep_logits: bool = False, first_seq_id: int = 1, tp_size: int = 1,
-                 tp_rank: int = 0, stream: bool | None = None,
+                 tp_rank: int = 0, stream: bool | None = None, run_ahead: bool = False,
                  cuda_graphs: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != NAME:
@@ -373,13 +395,16 @@ class Generator:
         self.stream = (client.backend == "cuda" and client.url.startswith("ipc://")
                        and device.type == "cuda") if stream is None else stream
         self._channel: StreamChannel | None = None
-        if cuda_graphs and not (self.stream and device.type == "cuda" and self._positions):
-            raise ValueError("cuda_graphs: decode graphs need a stream channel (a CUDA daemon on "
-                             "this host, a CUDA model) and a model taking position_ids")
+        self.run_ahead = run_ahead or cuda_graphs
+        if self.run_ahead and not (self.stream and self._positions):
+            raise ValueError("run_ahead / cuda_graphs need a stream channel (a CUDA daemon on "
+                             "this host, or stream=True) and a model taking position_ids")
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError("cuda_graphs: the model is not on a CUDA device")
         self.cuda_graphs = cuda_graphs
-        self._graphs: dict[int, _DecodeGraph | None] = {}  # batch -> graph (None: seen once)
+        self._decodes: dict[int, _Decode] = {}  # batch -> its decode forward
         self._ahead: _Ahead | None = None
-        self.chained = 0  # replays queued behind the step before, its tokens fed on the GPU
+        self.chained = 0  # decode steps queued behind the one before, fed its tokens on the GPU
         # the step buffers (registered with the daemon) and the stream channel now, as an
         # engine sets up at start: the first step would otherwise pay their allocation, CUDA IPC
         # export and the daemon's mapping (a region of max_step_tokens rows)
@@ -413,7 +438,7 @@ class Generator:
         the step buffers."""
         with contextlib.suppress(Exception):  # closing: a failed last step changes nothing
             self.flush()
-        self._graphs.clear()  # they wait on the channel's words
+        self._decodes.clear()  # they wait on the channel's words
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -463,12 +488,18 @@ class Generator:
         plan = self._plan()
         if not plan:
             return False
+        device = next(self.model.parameters()).device
+        if (self.run_ahead and all(s.pending == 1 for s, _ in plan)
+                and self._stream_channel() is not None):
+            self._launch(plan, torch.tensor([[s.tokens[s.computed] for s, _ in plan]],
+                                            device=device),
+                         torch.tensor([[s.computed for s, _ in plan]], device=device))
+            return True
         # through numpy: a whole prompt batch is ~10x faster than torch.tensor of a list
         ids = np.fromiter(itertools.chain.from_iterable(s.tokens[s.computed:s.computed + n]
                                                         for s, n in plan), dtype=np.int64)
         ends = list(itertools.accumulate(n for _, n in plan))
         sample = [i for i, (s, n) in enumerate(plan) if s.computed + n == len(s.tokens)]
-        device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype
         kwargs: dict[str, Any] = {
             "input_ids": torch.from_numpy(ids)[None].to(device), "use_cache": False,
@@ -480,12 +511,6 @@ class Generator:
         ws = self._workspace_for(len(ids), dtype, device)
         seqs = [(s.seq_id, n) for s, n in plan]
         with torch.inference_mode():
-            graph = self._decode_graph(plan, dtype, device)
-            if graph is not None:
-                graph.ids.copy_(kwargs["input_ids"])
-                graph.pos.copy_(kwargs["position_ids"])
-                self._launch(graph, plan)
-                return True
             if self._stream_channel() is not None:
                 logits = self._forward_stream(seqs, ws, len(ids), dtype, kwargs)
             else:
@@ -518,58 +543,91 @@ class Generator:
                 s.finished = True
                 self.client.free(s.seq_id)
 
-    def _launch(self, graph: _DecodeGraph, plan: list[tuple[Generation, int]]) -> None:
-        """Replay graph (its inputs in place), end the step ahead if any, then this one's
-        StreamBegin (the stream may run ahead of it): this step is ahead until flush()."""
-        with torch.inference_mode():
-            graph.graph.replay()
-            tokens = graph.logits.argmax(-1)
-            logits = graph.logits.clone() if self.keep_logits else None
-        self.flush()
-        assert self._channel is not None
+    def _launch(self, plan: list[tuple[Generation, int]], ids: torch.Tensor,
+                pos: torch.Tensor) -> None:
+        """Decode step `plan` (tokens ids at positions pos, [1, batch] on the GPU) queued on the
+        GPU while the channel's thread ends the step ahead, if any, and begins this one (the
+        stream may run ahead of its StreamBegin); this step is then ahead until flush()."""
+        dev, dtype = ids.device, next(self.model.parameters()).dtype
+        d = self._decode_for(len(plan), dtype, dev)  # a capture, if one is due, comes first
+        ch = self._channel
+        assert ch is not None
+        prev, self._ahead = self._ahead, None
+        ended = ch.end_async(prev.step) if prev is not None else None
+        begun = ch.begin_async([(s.seq_id, 1) for s, _ in plan], *d.bufs)
+        failed: BaseException | None = None
+        tokens = kept = None
         try:
-            st = self._channel.begin([(s.seq_id, n) for s, n in plan], *graph.bufs)
+            with torch.inference_mode():
+                logits = d.run(ids, pos)
+                tokens = logits.argmax(-1)
+                kept = logits.clone() if self.keep_logits else None
+        except BaseException as e:  # noqa: BLE001  settled below, then raised
+            failed = e
+        st = self._settle(prev, ended, begun, failed)
+        assert tokens is not None
+        self._ahead = _Ahead(st, plan, pos, tokens, kept)
+
+    def _settle(self, prev: _Ahead | None, ended: Future[None] | None,
+                begun: Future[StreamStep], failed: BaseException | None) -> StreamStep:
+        """The step ahead's StreamEnd (its tokens taken) and the new step's StreamBegin, sent
+        while that step was queued. A failure releases the caller's queued waits (the channel
+        fails, the outputs are garbage) and is raised; so is the forward's (failed), its step
+        aborted."""
+        ch = self._channel
+        assert ch is not None
+        try:
+            if ended is not None:
+                ended.result()
         except BaseException:
-            self._channel.release()  # the replay waits on a step the daemon will not run
+            ch.release()
+            with contextlib.suppress(Exception):
+                ch.end(begun.result(), abort=True)
             raise
-        self._ahead = _Ahead(graph, st, plan, tokens, logits)
+        if prev is not None:
+            self._take(prev.plan, range(len(prev.plan)), prev.logits, prev.tokens)
+        try:
+            st = begun.result()
+        except BaseException:
+            ch.release()
+            raise
+        if failed is not None:
+            with contextlib.suppress(Exception):
+                ch.end(st, abort=True)
+            raise failed
+        return st
 
     def _chain(self) -> bool:
-        """Queue the next step's replay behind the one ahead, fed its tokens on the GPU, when
-        the batch stays the same (no sequence finishes with them, none joins); then end the one
-        ahead and begin this one. False: the next step cannot follow it so."""
+        """Queue the next decode step behind the one ahead, fed its tokens on the GPU, when the
+        batch stays the same (no sequence finishes with them, none joins). False: the next step
+        cannot follow it so."""
         a = self._ahead
         assert a is not None
         live = [s for s in self.seqs if not s.finished]
         if [s for s, _ in a.plan] != live or any(len(s.generated) + 1 >= s.max_new_tokens
                                                  for s in live):
             return False
-        with torch.inference_mode():
-            a.graph.ids.copy_(a.tokens[None])
-            a.graph.pos.add_(1)
-        self._launch(a.graph, [(s, 1) for s in live])
+        self._launch([(s, 1) for s in live], a.tokens[None], a.pos + 1)
         self.chained += 1
         return True
 
-    def _decode_graph(self, plan: list[tuple[Generation, int]], dtype: torch.dtype,
-                      device: torch.device) -> _DecodeGraph | None:
-        """The captured decode step for this plan's batch (captured now if this size ran once
-        eagerly, the warm-up capture wants), or None: run it eagerly."""
-        if not self.cuda_graphs or any(n != 1 for _, n in plan) or self._stream_channel() is None:
-            return None
-        b = len(plan)
-        if b not in self._graphs:
-            self._graphs[b] = None
-            return None
-        if self._graphs[b] is None and sum(g is not None for g in self._graphs.values()) < 16:
-            self._graphs[b] = _DecodeGraph(self, b, dtype, device)
-        return self._graphs[b]
+    def _decode_for(self, batch: int, dtype: torch.dtype, device: torch.device) -> _Decode:
+        """The decode forward of this batch size; captured the second time it is asked for
+        (cuda_graphs, at most 16 sizes)."""
+        d = self._decodes.get(batch)
+        if d is None:
+            d = self._decodes[batch] = _Decode(self, batch, dtype, device)
+        elif (self.cuda_graphs and d.graph is None
+              and sum(x.graph is not None for x in self._decodes.values()) < 16):
+            with torch.inference_mode():
+                d.capture()
+        return d
 
     def _stream_channel(self) -> StreamChannel | None:
         """The open stream channel (a new one after a failed step, its graphs dropped), or None
         without streams."""
         if self._channel is not None and self._channel.failed:
-            self._graphs.clear()
+            self._decodes.clear()
             self._channel.close()
             self._channel = None
         if self.stream and self._channel is None:

@@ -263,7 +263,9 @@ def ch_step_stub(t: int, q, k, v, o) -> attnd.StreamStep:
 
 def test_generator_through_a_stream_channel_matches_attend():
     """attnd.transformers.Generator with its layers handed over on the stream channel: the same
-    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode)."""
+    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode); also
+    with run_ahead (each decode step queued behind the last, fed its tokens on the device, its
+    StreamEnd and the next StreamBegin on the channel's thread)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -283,16 +285,19 @@ def test_generator_through_a_stream_channel_matches_attend():
     prompts = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (5, 23, 40)]
     runs = []
     with Daemon(geometry) as d:
-        for stream in (False, True):
+        for stream, ahead in ((False, False), (True, False), (True, True)):
             with attnd.Client(d.url) as c, at.Generator(model, c, max_step_tokens=32,
-                                                        keep_logits=True, stream=stream) as gen:
+                                                        keep_logits=True, stream=stream,
+                                                        run_ahead=ahead) as gen:
                 seqs = [gen.add(p, 12) for p in prompts]
                 gen.run()
                 assert (gen._channel is not None) == stream
+                assert (gen.chained > 0) == ahead  # decode steps queued behind the last
                 runs.append(seqs)
-    for a, b in zip(*runs):
-        assert a.generated == b.generated
-        assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert a.generated == b.generated
+            assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
 def test_decode_graphs_replay_the_eager_steps():
@@ -321,6 +326,8 @@ def test_decode_graphs_replay_the_eager_steps():
         if not CUDA:
             with pytest.raises(ValueError, match="cuda_graphs"):
                 at.Generator(model, c, cuda_graphs=True)
+            with pytest.raises(ValueError, match="cuda_graphs: the model is not on a CUDA"):
+                at.Generator(model, c, cuda_graphs=True, stream=True)
             return
         runs = []
         for graphs in (False, True):
