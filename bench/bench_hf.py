@@ -157,12 +157,17 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
         gen.step()  # every prompt whole, each gets its first token
         t1 = sync_time()
         prefill_attend, timer.total = timer.total, 0.0
+        walls, t = [], time.perf_counter()
         while gen.step():
-            pass
+            walls.append(-t + (t := time.perf_counter()))
         t2 = sync_time()
         assert all(len(s.generated) == new + 1 for s in seqs)
+    # steady state: the median step after the first two (an eager step and a capture with
+    # cuda_graphs); with run_ahead a step returns once the one before it ended on the GPU
+    steady = ids.shape[0] / statistics.median(walls[2:]) if len(walls) > 4 else None
     return {"prefill_s": t1 - t0, "decode_tok_s": ids.shape[0] * new / (t2 - t1),
-            "prefill_attend_s": prefill_attend, "decode_attend_s": timer.total}
+            "decode_steady_tok_s": steady, "prefill_attend_s": prefill_attend,
+            "decode_attend_s": timer.total}
 
 
 class GraphDecode:

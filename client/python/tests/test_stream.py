@@ -336,7 +336,7 @@ def test_decode_graphs_replay_the_eager_steps():
                 seqs = [gen.add(p, 12) for p in prompts]
                 gen.run()
                 runs.append(seqs)
-                assert any(v is not None for v in gen._graphs.values()) == graphs
+                assert any(x.graph is not None for x in gen._decodes.values()) == graphs
                 assert (gen.chained > 0) == graphs  # replays fed their tokens on the GPU
     for a, b in zip(*runs):
         assert a.generated == b.generated
