@@ -159,7 +159,9 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
         prefill_attend, timer.total = timer.total, 0.0
         walls, t = [], time.perf_counter()
         while gen.step():
-            walls.append(-t + (t := time.perf_counter()))
+            now = time.perf_counter()
+            walls.append(now - t)
+            t = now
         t2 = sync_time()
         assert all(len(s.generated) == new + 1 for s in seqs)
     # steady state: the median step after the first two (an eager step and a capture with
