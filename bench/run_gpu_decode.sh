@@ -8,7 +8,8 @@
 # (cases SWEEP_ONLY), the decode anchors (the seed's decode cases and the copy ceiling of
 # ../shared/anchors/bench_anchors.py) and ncu of each BUILD:CASE in PROF ("profile": speed of
 # light, warp states with every stall reason, occupancy, instruction and memory statistics, SM
-# active cycles min / avg / max). Prints a summary last and leaves all.txt and logs.tgz in $OUT
+# active cycles min / avg / max; PROF_EXTRA: more ncu arguments, e.g. "--section PmSampling" for
+# DRAM throughput and warps over the kernel's duration, not yet run). Prints a summary last and leaves all.txt and logs.tgz in $OUT
 # (a call returns only a few files).
 # Stage here (bench_paged_NAME of each build, gpu_paged_NAME where the build has it; e2e/ from
 # the first build that has gpu_daemon_e2e):
@@ -137,6 +138,7 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
                 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
                 --section LaunchStats --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis \
                 --metrics "$stalls,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_active.avg,gpc__cycles_elapsed.max" \
+                ${PROF_EXTRA:-} \
                 $D/bench_paged_$b --only $c --quick >"$out/ncu_${b}_$c.txt" 2>&1
             grep -E "attnd_paged|Duration|DRAM Throughput|No Eligible|Eligible Warps|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|Registers Per|sm__cycles_active|gpc__cycles" \
                 "$out/ncu_${b}_$c.txt" | head -24
