@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# One device call for the decode work of issue 12: correctness of a candidate build (gpu_paged full
-# grid, --core 80 and compute-sanitizer memcheck / racecheck on --reduced, run side by side as
-# separate processes: "par"; or one by one: full, full80, sanitize; gpu_daemon_e2e alone: "e2e"),
-# then, alone on the GPU, bench_paged --only decode of several builds in alternating rounds
-# ("bench"; a round NAMEab adds --ab: the split merged by tickets vs the reduce kernel), a segment
-# sweep, the decode anchors (the seed's decode cases and the copy ceiling of
-# ../shared/anchors/bench_anchors.py) and ncu ("profile"). Prints a summary last and leaves
-# all.txt and logs.tgz in $OUT (two files: a call returns only a few).
-# Stage here (bench_paged_NAME and gpu_paged_NAME of each build; e2e/ from the first one):
-#   bash bench/run_gpu_decode.sh --stage DEST c2=build-c2 base=build-base
+# One device call for the decode work of issue 12: correctness of a candidate build GP (gpu_paged
+# full grid, --core 80 and compute-sanitizer memcheck / racecheck on --reduced, run side by side
+# as separate processes, with full / memcheck / racecheck of each build in PAR_MORE: "par"; or one
+# by one: full, full80, sanitize; gpu_daemon_e2e alone: "e2e"), then, alone on the GPU,
+# bench_paged --only decode of several builds in alternating rounds ("bench"; a round NAMEab adds
+# --ab: the split merged by tickets vs the reduce kernel), segment sweeps of the builds in SWEEP
+# (cases SWEEP_ONLY), the decode anchors (the seed's decode cases and the copy ceiling of
+# ../shared/anchors/bench_anchors.py) and ncu of each BUILD:CASE in PROF ("profile": speed of
+# light, warp states with every stall reason, occupancy, instruction and memory statistics, SM
+# active cycles min / avg / max; PROF_EXTRA: more ncu arguments, e.g. "--section PmSampling" for
+# DRAM throughput and warps over the kernel's duration, not yet run). Prints a summary last and leaves all.txt and logs.tgz in $OUT
+# (a call returns only a few files).
+# Stage here (bench_paged_NAME of each build, gpu_paged_NAME where the build has it; e2e/ from
+# the first build that has gpu_daemon_e2e):
+#   bash bench/run_gpu_decode.sh --stage DEST fold=build-d base=build-base
 # DEST an ignored build-* folder of the checkout the device call sends; there, carrying DEST
-# and .anchors:
-#   STEPS="smoke par bench sweep anchors e2e" ROUNDS="base c2ab c2 base c2" GP=c2 SWEEP=c2 \
-#       bash DEST/run_gpu_decode.sh
+# and .anchors (fourth round, call 2):
+#   STEPS="smoke par e2e bench sweep profile anchors" GP=fold ROUNDS="fold m32 c3 fold m32 c3" \
+#       SWEEP="c3 fold" SWEEP_ONLY=decode-bf16-1x32768 \
+#       PROF="fold:decode-bf16-1x32768 fold:decode-fp8_e4m3-64x4096" bash DEST/run_gpu_decode.sh
 # gpu_daemon_e2e is a verdict alone or beside other GPU processes since it synchronises after
 # poisoning its outputs (09347bf); before that, "par" with e2e beside it could read NaN.
 set -u
@@ -24,8 +30,8 @@ if [[ ${1:-} == --stage ]]; then
     for nb in "$@"; do # NAME=BUILD_DIR
         name=${nb%%=*} build=${nb#*=}
         strip -o "$tmp/bench_paged_$name" "$build/bench/bench_paged"
-        strip -o "$tmp/gpu_paged_$name" "$build/tests/gpu/gpu_paged"
-        [ -d "$tmp/e2e" ] && continue
+        [ -f "$build/tests/gpu/gpu_paged" ] && strip -o "$tmp/gpu_paged_$name" "$build/tests/gpu/gpu_paged"
+        [ -d "$tmp/e2e" ] || [ ! -f "$build/tests/gpu/gpu_daemon_e2e" ] && continue
         mkdir -p "$tmp/e2e/daemon" "$tmp/e2e/tests/gpu"
         strip -o "$tmp/e2e/daemon/attnd" "$build/daemon/attnd"
         strip -o "$tmp/e2e/tests/gpu/gpu_daemon_e2e" "$build/tests/gpu/gpu_daemon_e2e"
@@ -65,14 +71,23 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
         timeout 90 $gp --core 80 >"$out/full80.log" 2>&1
         echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full80.log" | head -20 ;;
     par)
-        # correctness in parallel (separate processes on the one GPU; timings come later, alone)
-        echo "== parallel: full, full80, memcheck, racecheck ($gp)"
-        timeout 120 $gp >"$out/full.log" 2>&1 &
-        timeout 120 $gp --core 80 >"$out/full80.log" 2>&1 &
-        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 $gp --reduced >"$out/san_memcheck.log" 2>&1 &
-        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 99 $gp --reduced >"$out/san_racecheck.log" 2>&1 &
+        # correctness in parallel (separate processes on the one GPU; timings come later, alone):
+        # $gp full, full80, memcheck, racecheck; each build of PAR_MORE full, memcheck, racecheck
+        echo "== parallel: full, full80, memcheck, racecheck ($gp; ${PAR_MORE:-} without full80)"
+        logs="full full80 san_memcheck san_racecheck"
+        timeout 150 $gp >"$out/full.log" 2>&1 &
+        timeout 150 $gp --core 80 >"$out/full80.log" 2>&1 &
+        timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 $gp --reduced >"$out/san_memcheck.log" 2>&1 &
+        timeout 150 compute-sanitizer --tool racecheck --error-exitcode 99 $gp --reduced >"$out/san_racecheck.log" 2>&1 &
+        for m in ${PAR_MORE:-}; do
+            g2=$D/gpu_paged_$m
+            timeout 150 $g2 >"$out/full_$m.log" 2>&1 &
+            timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 $g2 --reduced >"$out/san_memcheck_$m.log" 2>&1 &
+            timeout 150 compute-sanitizer --tool racecheck --error-exitcode 99 $g2 --reduced >"$out/san_racecheck_$m.log" 2>&1 &
+            logs="$logs full_$m san_memcheck_$m san_racecheck_$m"
+        done
         wait
-        for f in full full80 san_memcheck san_racecheck; do
+        for f in $logs; do
             echo "-- $f"; grep -aE "FAIL|^gpu_paged:|^gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY" "$out/$f.log" | head -8
         done ;;
     sanitize)
@@ -90,9 +105,11 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
             grep -E "^(decode|    ab)|fp8 / bf16" "$out/bench_$r.log" | tail -22 | sed 's/ (sets=.)//' 
         done ;;
     sweep)
-        echo "== sweep (bench_paged_${SWEEP:-c2} --sweep, bf16 decode)"
-        timeout 60 $D/bench_paged_${SWEEP:-c2} --only decode-bf16 --sweep --quick >"$out/sweep.log" 2>&1
-        echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep.log" ;;
+        for b in ${SWEEP:-c2}; do
+            echo "== sweep (bench_paged_$b --sweep, ${SWEEP_ONLY:-decode-bf16})"
+            timeout 60 $D/bench_paged_$b --only ${SWEEP_ONLY:-decode-bf16} --sweep --quick >"$out/sweep_$b.log" 2>&1
+            echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep_$b.log"
+        done ;;
     anchors)
         echo "== anchors (seed decode, copy ceiling)"
         a=.anchors/anchors/bench_anchors.py
@@ -106,14 +123,27 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
         ATTND_BUILD_DIR=$D/e2e timeout 60 $D/e2e/tests/gpu/gpu_daemon_e2e >"$out/e2e.log" 2>&1
         echo "rc=$?"; grep -aE "FAIL|^gpu_daemon_e2e:" "$out/e2e.log" | head -10 ;;
     profile)
+        # PROF: "BUILD:CASE ..." (one launch of each, after 10)
         ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        echo "== ncu ${PROFILE_CASE:-decode-bf16-1x32768} (bench_paged_${PROF:-b2})"
-        timeout 90 $ncu --clock-control none --kernel-name regex:"attnd_paged_(kernel|reduce)" --launch-skip 10 \
-            --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-            $D/bench_paged_${PROF:-b2} --only ${PROFILE_CASE:-decode-bf16-1x32768} --quick \
-            >"$out/ncu.txt" 2>&1
-        grep -E "attnd_paged|Duration|DRAM Throughput|No Eligible|Eligible Warps|Warp Cycles Per Issued" \
-            "$out/ncu.txt" | head -24 ;;
+        stalls=""
+        for r in long_scoreboard barrier membar short_scoreboard wait math_pipe_throttle lg_throttle \
+            mio_throttle no_instruction branch_resolving dispatch_stall drain sleeping selected \
+            not_selected imc_miss tex_throttle misc; do
+            stalls="$stalls${stalls:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+        done
+        for bc in ${PROF:-b2:decode-bf16-1x32768}; do
+            b=${bc%%:*} c=${bc#*:}
+            echo "== ncu $c (bench_paged_$b)"
+            timeout 90 $ncu --clock-control none --kernel-name regex:"attnd_paged_(kernel|reduce)" --launch-skip 10 \
+                --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+                --section LaunchStats --section Occupancy --section InstructionStats --section MemoryWorkloadAnalysis \
+                --metrics "$stalls,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_active.avg,gpc__cycles_elapsed.max" \
+                ${PROF_EXTRA:-} \
+                $D/bench_paged_$b --only $c --quick >"$out/ncu_${b}_$c.txt" 2>&1
+            grep -E "attnd_paged|Duration|DRAM Throughput|No Eligible|Eligible Warps|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|Registers Per|sm__cycles_active|gpc__cycles" \
+                "$out/ncu_${b}_$c.txt" | head -24
+            grep -E "issue_stalled" "$out/ncu_${b}_$c.txt" | sort -k3 -g -r | head -8
+        done ;;
     esac
     echo "($s: $(($(date +%s) - t0)) s, total $(($(date +%s) - T0)) s)"
 done 2>&1 | tee "$out/all.txt"

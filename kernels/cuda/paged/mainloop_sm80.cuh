@@ -12,12 +12,14 @@
 //
 // Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
 // with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
-// of the next stage are fetched one stage ahead. fp8 values become f16 exactly (every e4m3 value
-// is an f16), k_scale folded into the logit scale and v_scale into the output: prefill converts
-// its K and V tiles in shared memory; decode reads K fragments straight from the fp8 stage and
-// converts only V (ldmatrix.trans needs 16-bit rows). S = Q K^T and O += P V run on mma.sync
-// m16n8k16 with f32 accumulators; the softmax is online in the log2 domain (exp2), masks are
-// evaluated only on tiles that need them, and tiles a warp cannot see are skipped.
+// of the next stage are fetched one stage ahead (decode: a warp's 16 tokens of a tile start at a
+// multiple of 16 and so lie in one page: one page id per tile, rows at a fixed stride). fp8 values
+// become f16 exactly (every e4m3 value is an f16), k_scale folded into the logit scale and v_scale
+// into the output: prefill converts its K and V tiles in shared memory; decode reads K fragments
+// straight from the fp8 stage and converts only V (ldmatrix.trans needs 16-bit rows). S = Q K^T and
+// O += P V run on mma.sync m16n8k16 with f32 accumulators; the softmax is online in the log2 domain
+// (exp2), masks are evaluated only on tiles that need them, and tiles a warp cannot see are
+// skipped.
 #ifndef ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 #define ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 
@@ -256,6 +258,53 @@ template <class Tr> struct attnd_kv_loader {
                 attnd_cp_async8(sk + 8, n1 ? ks + 8 : ks, n1);
                 attnd_cp_async8(sv, vs, n0);
                 attnd_cp_async8(sv + 8, n1 ? vs + 8 : vs, n1);
+            }
+        }
+    }
+    // Decode: the NW tokens of a warp from tw, a multiple of 16 and so within one page pg (< 0:
+    // none, zero-fill), into stage buffer buf; rows outside the keys [lo, hi) zero-filled (below
+    // lo: a window's start rounded down; their pages may be reused). One page id per lane and
+    // tile; the rows' addresses are the page's plus multiples of the row stride.
+    template <bool SAME_STRIDES>
+    __device__ __forceinline__ void issue_page(int tw, int lo, int hi, int buf, int pg) const
+    {
+        static_assert(Tr::DECODE, "decode tiles: a warp's tokens lie in one page");
+        // rows i with skip <= i * RPP < rem hold keys (and the lane's chunk bytes of the head)
+        const int lrow = row0 & (Tr::NW - 1);
+        const int rem = pg >= 0 && nbytes_ok > 0 ? hi - tw - lrow : 0, skip = lo - tw - lrow;
+        // 16-bit caches: rows of whole 16-byte chunks (the host checks), so always
+        const bool whole = !Tr::FP8 || (vec16 && (nbytes_ok == 0 || nbytes_ok == 16));
+        const int row = (tw & bs_mask) + lrow;
+        const int pgid = pg >= 0 ? pg : 0; // not read when rem <= 0 (0 bytes), a valid address
+        const int64_t koff = attnd_mul_wide(pgid, ks0) + (row * ks1 + kcoff);
+        const int64_t voff =
+            SAME_STRIDES ? koff + (vcoff - kcoff) : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
+        const unsigned char *ks = kbase + koff, *vs = vbase + voff;
+        const uint32_t dk = sdst + buf * 2 * Tr::TILE_RAW;
+#pragma unroll
+        for (int i = 0; i < Tr::LOAD_ITERS; i++) {
+            const int r = row0 + i * Tr::ROWS_PER_PASS;
+            const bool ok = i * Tr::ROWS_PER_PASS < rem && i * Tr::ROWS_PER_PASS >= skip;
+            const int nbytes = ok ? nbytes_ok : 0;
+            const unsigned char *ki = ks + i * Tr::ROWS_PER_PASS * ks1;
+            const unsigned char *vi = vs + i * Tr::ROWS_PER_PASS * (SAME_STRIDES ? ks1 : vs1);
+            const uint32_t sk =
+                Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
+                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
+            const uint32_t sv = sk + Tr::TILE_RAW;
+            if (whole) { // the lane's chunk is all in the head or all padding
+                attnd_cp_async16_if(sk, ki, ok);
+                attnd_cp_async16_if(sv, vi, ok);
+            } else if (vec16) {
+                attnd_cp_async16(sk, ki, nbytes);
+                attnd_cp_async16(sv, vi, nbytes);
+            } else {
+                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
+                attnd_cp_async8(sk, ki, n0);
+                attnd_cp_async8(sk + 8, n1 ? ki + 8 : ki, n1);
+                attnd_cp_async8(sv, vi, n0);
+                attnd_cp_async8(sv + 8, n1 ? vi + 8 : vi, n1);
             }
         }
     }
@@ -698,7 +747,18 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // ---- context range [lo, hi) of this CTA: causal, window, segment
     int lo, hi;
     attnd_paged_range(a, seq_len, ctx + row0 / g, ctx + row_last / g, seg, &lo, &hi);
-    const int ntiles = lo < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
+    const int lo_keys = lo; // decode loads zero-fill keys below it
+    // decode: tiles from a multiple of 16 (segments start at whole blocks; a window's lower end
+    // is rounded down, the keys below it zero-filled and masked), so each warp's 16 tokens of a
+    // tile lie in one page
+#ifdef ATTND_DECODE_ROW_PAGES
+    constexpr bool kPagePerWarp = false; // the row-by-row page lookup (measurements only)
+#else
+    constexpr bool kPagePerWarp = Tr::DECODE;
+#endif
+    static_assert(!kPagePerWarp || Tr::NW == 16, "a warp's tokens of a tile: one page");
+    if (kPagePerWarp) lo &= ~15;
+    const int ntiles = lo_keys < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
 
     // ---- this thread's rows: m-tile mt, rows g8 and g8 + 8 of it
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -737,22 +797,39 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     int pg[LOAD_ITERS];
     auto fetch_pages = [&](int stage, int *out) {
         const int t0 = lo + stage * BLOCK_N;
-#pragma unroll
-        for (int i = 0; i < LOAD_ITERS; i++) {
-            const int tok = t0 + ld.row0 + i * Tr::ROWS_PER_PASS;
+        if constexpr (kPagePerWarp) { // one page per warp and tile (every lane the same id)
+            const int tw = t0 + wn * NW;
             int pgid = -1;
-            if (stage < ntiles && tok < hi) {
-                pgid = __ldg(bt + (tok >> bs_log2) * bt_s1);
+            if (stage < ntiles && tw < hi) {
+                pgid = __ldg(bt + (tw >> bs_log2) * bt_s1);
                 if ((unsigned)pgid >= (unsigned)nblocks32) pgid = -1;
             }
-            out[i] = pgid;
+            out[0] = pgid;
+        } else {
+#pragma unroll
+            for (int i = 0; i < LOAD_ITERS; i++) {
+                const int tok = t0 + ld.row0 + i * Tr::ROWS_PER_PASS;
+                int pgid = -1;
+                if (stage < ntiles && tok < hi) {
+                    pgid = __ldg(bt + (tok >> bs_log2) * bt_s1);
+                    if ((unsigned)pgid >= (unsigned)nblocks32) pgid = -1;
+                }
+                out[i] = pgid;
+            }
         }
     };
     auto issue_stage = [&](int stage, int buf, const int *pages) {
-        if (kv_same)
+        if constexpr (kPagePerWarp) {
+            const int tw = lo + stage * BLOCK_N + wn * NW;
+            if (kv_same)
+                ld.template issue_page<true>(tw, lo_keys, hi, buf, pages[0]);
+            else
+                ld.template issue_page<false>(tw, lo_keys, hi, buf, pages[0]);
+        } else if (kv_same) {
             ld.template issue<true>(lo + stage * BLOCK_N, buf, pages);
-        else
+        } else {
             ld.template issue<false>(lo + stage * BLOCK_N, buf, pages);
+        }
     };
 
     // ---- prologue: page ids and copies for the first NSTAGES-1 stages

@@ -51,8 +51,33 @@ __device__ __forceinline__ void attnd_reduce_fold(const attnd_paged_kargs &a, in
     *Lw = L;
 }
 
-// Warp 0: the 8 warps' states merged, the sink folded in (once, never per segment), the row of
-// (tok, head) normalised and stored with its LSE.
+// The merged row of (tok, head), lane's float4 columns d4 + 32 i (NI of them): unnormalised
+// sums acc relative to the max Ms, exp-sum W; the sink folded in (once, never per segment),
+// normalised and stored with its LSE. Both merges end here.
+template <int NI>
+__device__ __forceinline__ void attnd_merge_store_row(const attnd_paged_kargs &a, int tok, int head,
+                                                      int D, int lane, float Ms, float W,
+                                                      const float4 (&acc)[NI])
+{
+    float Mf = Ms;
+    const float sink = attnd_paged_sink(a, head, &Mf, &W);
+    const float inv = W > 0.0f ? sink / W : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int d = (lane + 32 * i) * 4;
+        if (d >= D) continue;
+        float v[4] = {acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv};
+        attnd_stN<4>(a.p.out.data, a.p.out.dtype,
+                     (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + d,
+                     a.out_vec != 0, v);
+    }
+    if (a.p.out_lse.data && lane == 0)
+        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
+                                    (int64_t)tok * a.p.out_lse.strides[1]] =
+            attnd_softmax_lse(Mf, W);
+}
+
+// Warp 0: the 8 warps' states merged and the row of (tok, head) stored.
 __device__ __forceinline__ void attnd_reduce_store(const attnd_paged_kargs &a, int tok, int head,
                                                    int D, int lane, const float (&red_m)[8],
                                                    const float (&red_l)[8],
@@ -69,33 +94,21 @@ __device__ __forceinline__ void attnd_reduce_store(const attnd_paged_kargs &a, i
         wt[w] = red_l[w] > 0.0f ? attnd_exp2(red_m[w] - Ms) : 0.0f;
         W += wt[w] * red_l[w];
     }
-    float Mf = Ms;
-    const float sink = attnd_paged_sink(a, head, &Mf, &W);
-    const float inv = W > 0.0f ? sink / W : 0.0f;
+    float4 acc[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const int d = (lane + 32 * i) * 4;
-        if (d >= D) continue;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if ((lane + 32 * i) * 4 >= D) continue;
 #pragma unroll
         for (int w = 0; w < 8; w++) {
             const float4 x = red_acc[w][lane + 32 * i];
-            v[0] += wt[w] * x.x;
-            v[1] += wt[w] * x.y;
-            v[2] += wt[w] * x.z;
-            v[3] += wt[w] * x.w;
+            acc[i].x += wt[w] * x.x;
+            acc[i].y += wt[w] * x.y;
+            acc[i].z += wt[w] * x.z;
+            acc[i].w += wt[w] * x.w;
         }
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            v[k] *= inv;
-        attnd_stN<4>(a.p.out.data, a.p.out.dtype,
-                     (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + d,
-                     a.out_vec != 0, v);
     }
-    if (a.p.out_lse.data && lane == 0)
-        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
-                                    (int64_t)tok * a.p.out_lse.strides[1]] =
-            attnd_softmax_lse(Mf, W);
+    attnd_merge_store_row<2>(a, tok, head, D, lane, Ms, W, acc);
 }
 
 // Warp-wide: row (tok, head) merged from its a.num_segments partials (weight l * exp2(m - M)),
@@ -147,22 +160,7 @@ __device__ __forceinline__ void attnd_paged_merge_row(const attnd_paged_kargs &a
             }
         }
     }
-    float Mf = attnd_softmax_safe_max(M);
-    const float sink = attnd_paged_sink(a, head, &Mf, &W);
-    const float inv = W > 0.0f ? sink / W : 0.0f;
-#pragma unroll
-    for (int i = 0; i < NI; i++) {
-        const int d = (lane + 32 * i) * 4;
-        if (d >= D) continue;
-        float v[4] = {acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv};
-        attnd_stN<4>(a.p.out.data, a.p.out.dtype,
-                     (int64_t)tok * a.p.out.strides[0] + (int64_t)head * a.p.out.strides[1] + d,
-                     a.out_vec != 0, v);
-    }
-    if (a.p.out_lse.data && lane == 0)
-        ((float *)a.p.out_lse.data)[(int64_t)head * a.p.out_lse.strides[0] +
-                                    (int64_t)tok * a.p.out_lse.strides[1]] =
-            attnd_softmax_lse(Mf, W);
+    attnd_merge_store_row<NI>(a, tok, head, D, lane, attnd_softmax_safe_max(M), W, acc);
 }
 
 // The segment kernel's CTA of (blockIdx.x, blockIdx.y), its partials of packed rows row0 ..

@@ -33,6 +33,15 @@ __device__ __forceinline__ void attnd_cp_async16(uint32_t dst, const void *src, 
                  "r"(src_bytes));
 }
 
+// 16 bytes global -> shared, or zeros when !ok (src not read): the predicate form (no byte count
+// to turn into an address adjustment).
+__device__ __forceinline__ void attnd_cp_async16_if(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %2, 0;\n"
+                 " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+                 "l"(src), "r"((uint32_t)ok));
+}
+
 // 8 bytes global -> shared (L1-allocating form; .cg only exists for 16).
 __device__ __forceinline__ void attnd_cp_async8(uint32_t dst, const void *src, int src_bytes)
 {
