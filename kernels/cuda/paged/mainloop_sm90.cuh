@@ -90,7 +90,11 @@ struct attnd_paged_sm90_traits {
     static_assert(SR == 8 || SR == 16, "wgmma n64 / n128");
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
-    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
+    // setmaxnreg moves registers within the CTA's launch allocation, at most 168 per thread at 384
+    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 fits it exactly; 32 + 2 x 240 would ask
+    // for more than the pool holds (the consumers' increase could not be granted)
+    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 / THREADS / 8 * 8 * THREADS,
+                  "register pool of the CTA");
 };
 
 // One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
@@ -951,13 +955,13 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
             attnd_cp_async_commit();
         }
         const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
+        if (qpf) { // this tile's rows (the next tile's may be in flight); waited for even when
+                   // unused, else that copy could land after the next one into the same buffer
+            attnd_cp_async_wait<1>();
+            attnd_fence_proxy_async();
+        }
         if (keys) {
-            if (qpf) {
-                attnd_cp_async_wait<1>(); // this tile's rows (the next tile's may be in flight)
-                attnd_fence_proxy_async();
-            } else {
-                load_q(w, qb);
-            }
+            if (!qpf) load_q(w, qb);
             attnd_bar_sync(3 + wg, 128);
             mainloop(w, r, qb, wn, have_next, k, total, pingpong, acc);
         }
