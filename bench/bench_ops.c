@@ -5,7 +5,8 @@
  * Inputs are random (never zeros). One line per case, same format as anchors_ops.py.
  *
  * usage: bench_ops [merge|varlen|blocksparse|linear|sm80]...   (default: all; sm80: the words
- * after it run varlen / block-sparse on the mma.sync kernel, labelled attnd-sm80) */
+ * after it run varlen / block-sparse on the mma.sync kernel, labelled attnd-sm80; off=MASK: the
+ * words after it with those sm90 features off, ATTND_SM90_NO_* of paged/launch.h) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -496,6 +497,12 @@ int main(int argc, char **argv)
         if (!all && strcmp(w, "sm80") == 0) {
             attnd_cuda_of(gpu)->paged_core = 80;
             who = "attnd-sm80";
+        }
+        if (!all && strncmp(w, "off=", 4) == 0) { /* sm90 features off (ATTND_SM90_NO_*) */
+            static char tag[32];
+            attnd_cuda_of(gpu)->sm90_off = atoi(w + 4);
+            snprintf(tag, sizeof tag, "attnd-off%d", attnd_cuda_of(gpu)->sm90_off);
+            who = tag;
         }
         if (all || strcmp(w, "merge") == 0) bench_merge();
         if (all || strcmp(w, "varlen") == 0) bench_varlen();

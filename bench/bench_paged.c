@@ -346,14 +346,13 @@ static void bench_prefill(int batch, int L, int quick)
         int core, off;
         const char *tag;
     } variants[] = {{0, 0, "default"},
-                    {90, 1, "sm90 no ping-pong"},
-                    {90, 2, "sm90 no L2 sections"},
-                    {90, 4, "sm90 no Q prefetch"},
-                    {90, 8, "sm90 no third stage"},
-                    {90, 64, "sm90 third stage K not V"},
-                    {90, 16, "sm90 no smem epilogue"},
-                    {90, 32, "sm90 no range mask"},
+                    {90, 256, "sm90 no chain"},
+                    {90, 4096, "sm90 no late store"},
+                    {90, 512, "sm90 no fast epilogue"},
+                    {90, 1024, "sm90 no hi-only mask"},
+                    {90, 256 | 512 | 1024 | 4096, "sm90 none of the four"},
                     {90, 128, "sm90 no late wait"},
+                    {90, 1, "sm90 no ping-pong"},
                     {80, 0, "sm80 core"}};
     const int nv = c->cc == 90 ? (int)(sizeof variants / sizeof *variants) : 1;
     for (int i = 0; i < 3 * nv; i++) {

@@ -12,10 +12,14 @@
 # and on the device (carry build-prefill-dev and .anchors):
 #   BENCH_WORDS="varlen blocksparse sm80 varlen blocksparse" \
 #   STEPS="ops pagedfull bench benchp anchors sanp sanitize" bash build-prefill-dev/go.sh
-# Sanitizer logs are named 0*.log so that they come back first. Also: STEPS sdpa (cuDNN and FA2
+# Sanitizer logs are named 0*.log so that they come back first. PAGED_ARGS / OPS_ARGS: extra
+# arguments of gpu_paged / gpu_ops in their steps (e.g. "--sm90-off 2048": 3 CTAs, each running
+# many tiles in a row, the sm90 core's chained tiles on every case). Also: STEPS sdpa (cuDNN and FA2
 # SDPA at the two prefill shapes alone, quicker than the full anchors) and ncu (a source-level
 # warp-stall profile of the head-128 prefill kernel per NCU_SHAPES, "8x2048 1x8192", packed with
-# its SASS into ncu.tar.xz: a call brings back only a few files).
+# its SASS into ncu<skip>.tar.xz: a call brings back only a few files; NCU_SKIP: the sm90 launches
+# skipped first, 5 by default: the first timed launch of bench_paged's first variant; each
+# variant makes 55 launches).
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -32,7 +36,11 @@ fi
 set -u
 here=$(dirname "$0")
 D=/tmp/pf-bin
-mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/
+sum=$(md5sum <"$here/bins.tar.xz")
+if [[ "$(cat $D/.sum 2>/dev/null)" != "$sum" ]]; then # unpacked once per staging
+    rm -rf $D && mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/ &&
+        echo "$sum" >$D/.sum
+fi
 export LD_LIBRARY_PATH=$D/devlib
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -41,15 +49,15 @@ date -u +%FT%TZ
 for s in ${STEPS:-ops paged bench benchp anchors}; do
     t0=$(date +%s)
     case $s in
-    ops) echo "== gpu_ops"; timeout 200 $D/gpu_ops --seed ${SEED:-7} >"$out/ops.log" 2>&1; echo "rc=$?"
+    ops) echo "== gpu_ops ${OPS_ARGS:-}"; timeout 200 $D/gpu_ops --seed ${SEED:-7} ${OPS_ARGS:-} >"$out/ops.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|gpu_ops:" "$out/ops.log" | head -30 ;;
-    opsq) echo "== gpu_ops --quick"; timeout 100 $D/gpu_ops --quick >"$out/opsq.log" 2>&1; echo "rc=$?"
+    opsq) echo "== gpu_ops --quick ${OPS_ARGS:-}"; timeout 100 $D/gpu_ops --quick ${OPS_ARGS:-} >"$out/opsq.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|gpu_ops:" "$out/opsq.log" | head -30 ;;
     ops80) echo "== gpu_ops --core 80"; timeout 120 $D/gpu_ops --core 80 --only varlen >"$out/ops80.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|gpu_ops:" "$out/ops80.log" | head -10 ;;
-    paged) echo "== gpu_paged --reduced"; timeout 120 $D/gpu_paged --reduced ${PAGED_ARGS:-} >"$out/paged.log" 2>&1; echo "rc=$?"
+    paged) echo "== gpu_paged --reduced ${PAGED_ARGS:-}"; timeout 120 $D/gpu_paged --reduced ${PAGED_ARGS:-} >"$out/paged.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|gpu_paged:" "$out/paged.log" | head -20 ;;
-    pagedfull) echo "== gpu_paged"; timeout 240 $D/gpu_paged >"$out/pagedfull.log" 2>&1; echo "rc=$?"
+    pagedfull) echo "== gpu_paged ${PAGED_ARGS:-}"; timeout 240 $D/gpu_paged ${PAGED_ARGS:-} >"$out/pagedfull.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|gpu_paged:" "$out/pagedfull.log" | head -20 ;;
     bench) echo "== bench_ops"; timeout 150 $D/bench_ops ${BENCH_WORDS:-varlen blocksparse sm80 varlen blocksparse} 2>&1 | tee "$out/bench_ops.log" | grep -E "case=|bench_ops" ;;
     benchp) echo "== bench_paged prefill"; timeout 120 $D/bench_paged --only prefill 2>&1 | tee "$out/bench_paged.log" | grep -E "^prefill|bench_paged" ;;
@@ -68,9 +76,9 @@ for b, L in [(1, 8192), (8, 2048)]:
         print(f"case=prefill sdpa-{name} b={b} L={L} | ms={ms:.4g} | TFLOPs={4*b*32*128*L*L/2/ms/1e9:.4g}")
 PY
         ;;
-    ncu) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu prefill-$sh"
+    ncu) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu prefill-$sh (skip ${NCU_SKIP:-5})"
             timeout 200 ncu --section SpeedOfLight --section SourceCounters --section WarpStateStats \
-                --section SchedulerStats -k regex:attnd_paged_sm90 -s 5 -c 1 -f -o "$out/ncu_$sh" \
+                --section SchedulerStats -k regex:attnd_paged_sm90 -s ${NCU_SKIP:-5} -c 1 -f -o "$out/ncu_$sh" \
                 $D/bench_paged --only prefill-$sh >"$out/ncu_$sh.log" 2>&1; echo "rc=$?"
             ncu -i "$out/ncu_$sh.ncu-rep" --page details >"$out/ncu_${sh}_details.txt" 2>&1
             ncu -i "$out/ncu_$sh.ncu-rep" --page source --csv --print-source sass >"$out/ncu_${sh}_sass.csv" 2>&1
@@ -79,13 +87,13 @@ PY
         mkdir -p /tmp/cub && (cd /tmp/cub && cuobjdump -xelf all $D/bench_paged >/dev/null 2>&1)
         f=$(ls /tmp/cub/*paged_sm90_prefill_d128_bf16*.cubin | head -1); echo "cubin: $f"
         nvdisasm -gi -c "$f" >/tmp/sass_d128_paged.txt 2>&1
-        (cd /tmp && tar cf - ncu_*_details.txt ncu_*_sass.csv sass_d128_paged.txt) | xz -T8 >"$out/ncu.tar.xz"
-        ls -la "$out/ncu.tar.xz" ;;
+        (cd /tmp && tar cf - ncu_*_details.txt ncu_*_sass.csv sass_d128_paged.txt) | xz -T8 >"$out/ncu${NCU_SKIP:-5}.tar.xz"
+        ls -la "$out/ncu${NCU_SKIP:-5}.tar.xz" ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
-            timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op >"$out/0_${tool}_$op.log" 2>&1
+            timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op ${OPS_ARGS:-} >"$out/0_${tool}_$op.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;
     sanp) for tool in memcheck racecheck; do echo "== $tool gpu_paged --reduced"
-            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_paged --reduced >"$out/0p_$tool.log" 2>&1
+            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_paged --reduced ${PAGED_ARGS:-} >"$out/0p_$tool.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_paged:" "$out/0p_$tool.log" | head -6; done ;;
     esac
     echo "   ($s: $(( $(date +%s) - t0 )) s)"

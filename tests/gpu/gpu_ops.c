@@ -712,7 +712,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL);
     const char *only = NULL, *backend = "cuda";
-    int core = 0;
+    int core = 0, off = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
@@ -724,11 +724,14 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--core") == 0 && i + 1 < argc)
             core = atoi(argv[++i]); /* 80: varlen / block-sparse on the mma.sync kernel */
+        else if (strcmp(argv[i], "--sm90-off") == 0 && i + 1 < argc)
+            off = atoi(argv[++i]); /* ATTND_SM90_NO_* of paged/launch.h */
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
             backend = argv[++i]; /* "cpu": check the harness itself (both sides the oracle) */
         else {
             fprintf(stderr,
-                    "usage: gpu_ops [--quick] [--seed N] [--verbose] [--only OP] [--core 80]\n");
+                    "usage: gpu_ops [--quick] [--seed N] [--verbose] [--only OP] [--core 80] "
+                    "[--sm90-off MASK]\n");
             return 2;
         }
     }
@@ -741,6 +744,7 @@ int main(int argc, char **argv)
     }
     if (attnd_backend_open(&cpu, "cpu", NULL) != ATTND_ERR_OK) return 2;
     if (core && strcmp(backend, "cuda") == 0) attnd_cuda_of(gpu)->paged_core = core;
+    if (strcmp(backend, "cuda") == 0) attnd_cuda_of(gpu)->sm90_off = off;
     if (only == NULL || strcmp(only, "merge") == 0) test_merge();
     if (only == NULL || strcmp(only, "varlen") == 0) test_varlen();
     if (only == NULL || strcmp(only, "blocksparse") == 0) test_blocksparse();

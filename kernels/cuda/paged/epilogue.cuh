@@ -6,6 +6,7 @@
 #define ATTND_CUDA_PAGED_EPILOGUE_CUH
 
 #include "paged/rows.cuh"
+#include "prims/sm90.cuh"
 
 // Rows idx0 and idx0 + 8 of a sequence's packed rows (this lane's pair), from fragment values
 // o(n, e) over NB chunks of 8 columns: normalised by out_scale / l (l summed over the quad here),
@@ -63,34 +64,94 @@ __device__ __forceinline__ float attnd_paged_row_end(const attnd_paged_kargs &a,
     return L > 0.0f ? f * a.out_scale / L : 0.0f;
 }
 
+// Shared-memory address of 16-byte chunk ch of row `row` in a buffer of 64-column slabs of 64
+// rows (128-byte swizzle).
+__device__ __forceinline__ uint32_t attnd_paged_buf_at(uint32_t buf, int row, int ch)
+{
+    return buf + (ch >> 3) * (64 * 128) + (uint32_t)(row * 128) +
+           ((uint32_t)((ch & 7) ^ (row & 7)) << 4);
+}
+
 // sm90 core, 16-bit out with 16-byte-aligned rows: a warp's 16 rows (from wrow0; lrow0: their
 // first row in buf) through shared memory buf (the warpgroup's free Q buffer: 64-column slabs of
 // 64 rows, 128-byte swizzle), then 16-byte global stores, consecutive lanes along a row, instead
-// of 4-byte stores straight from the fragments. NB chunks of 8 columns; o, m, l as above.
+// of 4-byte stores straight from the fragments. In two parts, so that the sm90 core can issue its
+// next GEMMs between them: attnd_paged_stage_rows normalises the rows into buf (and writes their
+// LSE), attnd_paged_flush_rows stores them from buf. NB chunks of 8 columns; o, m, l as above.
+// fast: the fragments in by stmatrix (two chunks of both rows per instruction) and each lane's
+// rows read back all at once before their stores (else 4-byte shared stores, a load and a store
+// per step; measurements).
 template <int NB, bool SINKS, class F>
 __device__ __forceinline__ void
-attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], const float l[2],
-                            int wrow0, int rows_total, int q_start, int kvh, int lane, uint32_t buf,
-                            int lrow0, const attnd_divmod &gd)
+attnd_paged_stage_rows(const attnd_paged_kargs &a, F o, const float m[2], const float l[2],
+                       int wrow0, int rows_total, int q_start, int kvh, int lane, uint32_t buf,
+                       int lrow0, const attnd_divmod &gd, bool fast)
 {
-    const int t4 = lane & 3, g = a.group, d_act = (int)a.p.q.shape[2];
+    const int t4 = lane & 3;
     const bool bf = a.p.out.dtype == ATTND_DTYPE_BF16;
+    auto pack = [&](float x, float y) {
+        return bf ? attnd_tc<__nv_bfloat16>::pack(x, y) : attnd_tc<__half>::pack(x, y);
+    };
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        inv[r] = attnd_paged_row_end<SINKS>(a, m[r], l[r], wrow0 + (lane >> 2) + 8 * r, rows_total,
+                                            q_start, kvh, t4, gd);
+    if (fast) {
+        const int mi = lane >> 3, row = lrow0 + (mi & 1) * 8 + (lane & 7); // this lane's address
+#pragma unroll
+        for (int n = 0; n < NB; n += 2)
+            attnd_stmatrix_x4(attnd_paged_buf_at(buf, row, n + (mi >> 1)),
+                              pack(o(n, 0) * inv[0], o(n, 1) * inv[0]),
+                              pack(o(n, 2) * inv[1], o(n, 3) * inv[1]),
+                              pack(o(n + 1, 0) * inv[0], o(n + 1, 1) * inv[0]),
+                              pack(o(n + 1, 2) * inv[1], o(n + 1, 3) * inv[1]));
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int lr = (lane >> 2) + 8 * r;
-        const float inv =
-            attnd_paged_row_end<SINKS>(a, m[r], l[r], wrow0 + lr, rows_total, q_start, kvh, t4, gd);
+        const int lr = lrow0 + (lane >> 2) + 8 * r;
 #pragma unroll
         for (int n = 0; n < NB; n++) {
-            const float x = o(n, 2 * r) * inv, y = o(n, 2 * r + 1) * inv;
-            const uint32_t u =
-                bf ? attnd_tc<__nv_bfloat16>::pack(x, y) : attnd_tc<__half>::pack(x, y);
-            const uint32_t at = buf + (n >> 3) * (64 * 128) + (uint32_t)((lrow0 + lr) * 128) +
-                                ((uint32_t)((n & 7) ^ ((lrow0 + lr) & 7)) << 4) + 4 * t4;
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(u) : "memory");
+            const uint32_t u = pack(o(n, 2 * r) * inv[r], o(n, 2 * r + 1) * inv[r]);
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(attnd_paged_buf_at(buf, lr, n) + 4 * t4),
+                         "r"(u)
+                         : "memory");
         }
     }
-    __syncwarp();
+}
+
+template <int NB>
+__device__ __forceinline__ void
+attnd_paged_flush_rows(const attnd_paged_kargs &a, int wrow0, int rows_total, int q_start, int kvh,
+                       int lane, uint32_t buf, int lrow0, const attnd_divmod &gd, bool fast)
+{
+    const int g = a.group, d_act = (int)a.p.q.shape[2];
+    uint16_t *out = (uint16_t *)a.p.out.data;
+    const int64_t s0 = a.p.out.strides[0], s1 = a.p.out.strides[1];
+    __syncwarp(); // the warp's rows are in buf
+    if (fast) {   // NB lanes along a row, 32 / NB rows per step
+        constexpr int STEP = 32 / NB, PER = 16 / STEP;
+        const int ch = lane % NB, rr0 = lane / NB;
+        uint4 x[PER];
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(x[i].x), "=r"(x[i].y), "=r"(x[i].z), "=r"(x[i].w)
+                         : "r"(attnd_paged_buf_at(buf, lrow0 + rr0 + STEP * i, ch))
+                         : "memory");
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int idx = wrow0 + rr0 + STEP * i, qt = gd.div(idx);
+            const uint16_t *dst = out + (int64_t)(q_start + qt) * s0 +
+                                  (int64_t)(kvh * g + gd.mod(idx, qt)) * s1 + ch * 8;
+            if (idx < rows_total && ch * 8 < d_act)
+                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(x[i].x),
+                             "r"(x[i].y), "r"(x[i].z), "r"(x[i].w)
+                             : "memory");
+        }
+        return;
+    }
 #pragma unroll 2
     for (int i = lane; i < 16 * NB; i += 32) {
         const int rr = i / NB, ch = i % NB, idx = wrow0 + rr, lr = lrow0 + rr;
@@ -98,13 +159,11 @@ attnd_paged_store_rows_smem(const attnd_paged_kargs &a, F o, const float m[2], c
         uint4 x;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                     : "r"(buf + (ch >> 3) * (64 * 128) + (uint32_t)(lr * 128) +
-                           ((uint32_t)((ch & 7) ^ (lr & 7)) << 4))
+                     : "r"(attnd_paged_buf_at(buf, lr, ch))
                      : "memory");
         const int qt = gd.div(idx), tok = q_start + qt, head = kvh * g + gd.mod(idx, qt);
         // one 16-byte store (a plain uint4 store compiled to four 4-byte ones)
-        const uint16_t *dst = (const uint16_t *)a.p.out.data + (int64_t)tok * a.p.out.strides[0] +
-                              (int64_t)head * a.p.out.strides[1] + ch * 8;
+        const uint16_t *dst = out + (int64_t)tok * s0 + (int64_t)head * s1 + ch * 8;
         asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(x.x), "r"(x.y),
                      "r"(x.z), "r"(x.w)
                      : "memory");

@@ -62,7 +62,8 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
     int64_t z = pair_bytes > 0 ? l.l2_bytes * 2 / 3 / pair_bytes : S * H;
     a.section = (int32_t)(z < 1 ? 1 : (z > S * H ? S * H : z));
     if (l.sm90_off & ATTND_SM90_NO_SECTIONS) a.section = (int32_t)(S * H);
-    const int grid = (int)(total < l.num_sms ? total : l.num_sms);
+    int grid = (int)(total < l.num_sms ? total : l.num_sms);
+    if ((l.sm90_off & ATTND_SM90_FEW_CTAS) && grid > 3) grid = 3;
     attnd_sm90_src src;
     memset(&src, 0, sizeof src);
     if (Tr::MODE != ATTND_SRC_PAGED) {

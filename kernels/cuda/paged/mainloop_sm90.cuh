@@ -90,7 +90,11 @@ struct attnd_paged_sm90_traits {
     static_assert(SR == 8 || SR == 16, "wgmma n64 / n128");
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
-    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
+    // setmaxnreg moves registers within the CTA's launch allocation, at most 168 per thread at 384
+    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 fits it exactly; 32 + 2 x 240 would ask
+    // for more than the pool holds (the consumers' increase could not be granted)
+    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 / THREADS / 8 * 8 * THREADS,
+                  "register pool of the CTA");
 };
 
 // One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
@@ -462,6 +466,11 @@ template <class Tr> struct attnd_sm90_consumer {
     uint32_t nk = 0, nv = 0;
     bool exact_mask = false; // masked tiles through visible() per logit (measurements)
     bool late_wait = true;   // P V waited for after the softmax, not before (measurements)
+    bool hi_only = true;     // unwindowed masked tiles test the upper bound alone (measurements)
+    bool fast_epi = true;    // stmatrix epilogue, the rows' loads together (measurements)
+    bool late_store = true;  // chained: a tile's rows stored under the next step's GEMMs
+    bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
+    bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
     attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
@@ -659,6 +668,7 @@ template <class Tr> struct attnd_sm90_consumer {
         constexpr int SR = Tr::SR;
         const int t0 = j * Tr::BLOCK_N, t4 = lane & 3;
         const bool need_mask = !unmasked(w, r, j, st);
+        const bool windowed = a.p.sliding_window > 0 || !hi_only;
         int lo[2] = {0, 0}, hi[2] = {0, 0};
         if (!Tr::SPARSE && need_mask) col_range(w, r, j, lo, hi);
         auto sees = [&](int n, int e) {
@@ -681,6 +691,12 @@ template <class Tr> struct attnd_sm90_consumer {
                     if (need_mask && !sees(n, e)) x = attnd_neg_inf();
                     s[n][e] = x;
                 }
+        } else if (need_mask && !Tr::SPARSE && !exact_mask && !windowed) {
+#pragma unroll
+            for (int n = 0; n < SR; n++) // no window: the range's upper bound alone
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + (e & 1) > hi[e >> 1]) s[n][e] = attnd_neg_inf();
         } else if (need_mask) {
 #pragma unroll
             for (int n = 0; n < SR; n++)
@@ -773,16 +789,46 @@ template <class Tr> struct attnd_sm90_consumer {
     }
 
     // The K/V tiles of w, last first, with Q buffer qb: the first tile's Q K^T and softmax, then
-    // per tile Q K^T of j with P V of j + 1 in flight, then the last P V.
-    __device__ __forceinline__ void mainloop(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
-                                             int qb, bool pingpong, attnd_sm90_acc<Tr> &acc)
+    // per tile Q K^T of j with P V of j + 1 in flight, then the last P V. Chained (chain): when
+    // w's last Q K^T is done and the next work tile wn has keys, its first Q K^T and softmax run
+    // in the same step as w's last P V, w's rows go out after that P V, and the loop goes on
+    // with wn (w, r, qb, wn, have_next and k advance), so a work tile's masked first K/V tile
+    // runs under the previous tile's last P V. Returns with w's last P V done, w not stored.
+    __device__ __forceinline__ void mainloop(attnd_sm90_tile &w, attnd_sm90_rows &r, int &qb,
+                                             attnd_sm90_tile &wn, bool &have_next, int &k,
+                                             int total, bool pingpong, attnd_sm90_acc<Tr> &acc)
     {
         float s[Tr::SR][4];
         uint32_t pf[Tr::BLOCK_N / 16][4];
-        const int jhi = first_tile(w, r, qb, s, pf, acc);
-        if (jhi < w.jlo) return;
-        bool first_pv = true;
-        for (int j = jhi - 1; j >= w.jlo; j--) {
+        int j = first_tile(w, r, qb, s, pf, acc);
+        if (j < w.jlo) return;
+        bool first_pv = true, pend = false;
+        attnd_sm90_tile pe; // pend: the tile whose rows wait in buffer qb ^ 1 for their stores
+        // pe's rows out of its buffer, which then takes the next tile's Q rows
+        auto flush_pending = [&]() {
+            flush(pe, qb ^ 1);
+            attnd_bar_sync(3 + wg, 128); // every warp's reads of that buffer are done
+            if (have_next) load_q_async(wn, qb ^ 1);
+            attnd_cp_async_commit();
+            pend = false;
+        };
+        for (;;) {
+            // the next Q K^T: tile j - 1 of w, or (chained) the first of the next work tile
+            const bool next_w = j == w.jlo;
+            if (next_w && pend) flush_pending(); // a one-tile work tile: its buffer is needed
+            attnd_sm90_tile e = w; // next_w: the tile whose rows go out after this step
+            float m_old[2] = {acc.m[0], acc.m[1]}, l_old[2] = {acc.l[0], acc.l[1]};
+            if (next_w) {
+                if (Tr::SPARSE || !chain || !have_next || wn.jhi < wn.jlo) break;
+                w = wn;
+                qb ^= 1;
+                acc.m[0] = acc.m[1] = attnd_neg_inf();
+                acc.l[0] = acc.l[1] = 0.0f;
+                attnd_cp_async_wait<0>(); // w's Q rows (the previous step's copy)
+                attnd_fence_proxy_async();
+                attnd_bar_sync(3 + wg, 128);
+                j = w.jhi + 1;
+            }
             const int sk = nk % Tr::KSTAGES, sv = nv % Tr::NSTAGES;
             attnd_mbar_wait(sm.full_k(sk), (nk / Tr::KSTAGES) & 1);
             if (pingpong) attnd_bar_sync(1 + wg, 256); // this warpgroup's turn
@@ -793,11 +839,16 @@ template <class Tr> struct attnd_sm90_consumer {
             gemm_pv(acc.o, pf, sv, first_pv);
             if (pingpong) attnd_bar_arrive(2 - wg, 256); // the other's turn
             first_pv = false;
+            if (pend) flush_pending(); // under this step's GEMMs
+            if (next_w) {              // under the GEMMs: the new tile's rows, the tile after it
+                rows_of(w, r);
+                have_next = next_tile(&k, total, &wn);
+            }
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
             if (!Tr::SPARSE) release_k(sk);
             if (!late_wait) attnd_wgmma_wait<0>(); // the order ptxas chose before
-            softmax(w, r, j, sk, s, acc);
+            softmax(w, r, j - 1, sk, s, acc);
             if (Tr::SPARSE) release_k(sk);
             nk++;
             attnd_order_before_wait(sm.base + Tr::ORDER_OFF + 4 * (wg * 128 + ctid),
@@ -807,8 +858,17 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_fence_regs(pf);
             release(sm.empty_v(sv));
             nv++;
-            rescale_o(acc);
+            if (next_w) { // e's rows into its Q buffer; stored under the next step's GEMMs
+                attnd_bar_sync(3 + wg, 128); // every warp's wgmma reads of the buffer are done
+                stage(e, acc.o, m_old, l_old, qb ^ 1);
+                pe = e;
+                pend = true;
+                if (!late_store) flush_pending();
+                first_pv = true;
+            }
+            rescale_o(acc); // alpha 1 after next_w: nothing to do
             to_p(s, pf);
+            j--;
         }
         const int sv = nv % Tr::NSTAGES;
         attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
@@ -821,18 +881,38 @@ template <class Tr> struct attnd_sm90_consumer {
     }
 
     __device__ __forceinline__ void run(int total, int off);
-    __device__ __forceinline__ void store(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
-                                          const attnd_sm90_acc<Tr> &acc, int qb,
-                                          bool via_smem) const;
+    __device__ __forceinline__ void store(const attnd_sm90_tile &w,
+                                          const float (&o)[Tr::OH][Tr::ON][4], const float m[2],
+                                          const float l[2], int qb, bool via_smem) const;
+
+    // This warp's rows of w normalised into Q buffer qb (its LSE written), then stored from it.
+    __device__ __forceinline__ void stage(const attnd_sm90_tile &w,
+                                          const float (&o)[Tr::OH][Tr::ON][4], const float m[2],
+                                          const float l[2], int qb) const
+    {
+        auto of = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
+        attnd_paged_stage_rows<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
+            a, of, m, l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
+            sm.q(wg, qb), wq * 16, gd, fast_epi);
+    }
+    __device__ __forceinline__ void flush(const attnd_sm90_tile &w, int qb) const
+    {
+        attnd_paged_flush_rows<Tr::OH * Tr::ON>(a, w.row0 + wg * 64 + wq * 16, w.rows_total,
+                                                w.q_start, w.kvh, lane, sm.q(wg, qb), wq * 16, gd,
+                                                fast_epi);
+    }
 };
 
 // Every tile of this CTA: Q rows in (copied a tile ahead where they are in the compute type),
-// the main loop, the rows out.
+// the main loop (which may run on into the following tiles), the rows out.
 template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run(int total, int off)
 {
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
     exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
     late_wait = !(off & ATTND_SM90_NO_LATE_WAIT);
+    hi_only = !(off & ATTND_SM90_NO_HI_ONLY);
+    fast_epi = !(off & ATTND_SM90_NO_FAST_EPI);
+    late_store = !(off & ATTND_SM90_NO_LATE_STORE);
     gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
     const bool qpf =
@@ -840,9 +920,12 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     if (pingpong && wg == 0) attnd_bar_arrive(1, 256); // warpgroup 0 issues first
     const int ot = a.p.out.dtype, os0 = (int)(a.p.out.strides[0] & 7),
               os1 = (int)(a.p.out.strides[1] & 7);
-    const bool smem_epi = !(off & ATTND_SM90_NO_SMEM_EPI) &&
-                          (ot == ATTND_DTYPE_BF16 || ot == ATTND_DTYPE_F16) &&
-                          ((uintptr_t)a.p.out.data & 15) == 0 && os0 == 0 && os1 == 0;
+    smem_epi = !(off & ATTND_SM90_NO_SMEM_EPI) &&
+               (ot == ATTND_DTYPE_BF16 || ot == ATTND_DTYPE_F16) &&
+               ((uintptr_t)a.p.out.data & 15) == 0 && os0 == 0 && os1 == 0;
+    // chained tiles: the next tile's Q already there, the rows out through shared memory (the
+    // one epilogue inlined in the loop)
+    chain = qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
@@ -852,7 +935,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         attnd_cp_async_commit();
     }
     for (; have; w = wn, qb = qpf ? qb ^ 1 : 0) {
-        const bool have_next = next_tile(&k, total, &wn);
+        bool have_next = next_tile(&k, total, &wn);
         attnd_sm90_rows r;
         rows_of(w, r);
         attnd_sm90_acc<Tr> acc;
@@ -871,18 +954,19 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
             if (have_next) load_q_async(wn, qb ^ 1);
             attnd_cp_async_commit();
         }
-        have = have_next;
-        if (w.jhi >= w.jlo) { // else no key to see (inconsistent lengths): zeros, LSE -inf
-            if (qpf) {
-                attnd_cp_async_wait<1>(); // this tile's rows (the next tile's may be in flight)
-                attnd_fence_proxy_async();
-            } else {
-                load_q(w, qb);
-            }
-            attnd_bar_sync(3 + wg, 128);
-            mainloop(w, r, qb, pingpong, acc);
+        const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
+        if (qpf) { // this tile's rows (the next tile's may be in flight); waited for even when
+                   // unused, else that copy could land after the next one into the same buffer
+            attnd_cp_async_wait<1>();
+            attnd_fence_proxy_async();
         }
-        store(w, r, acc, qb, smem_epi && w.jhi >= w.jlo);
+        if (keys) {
+            if (!qpf) load_q(w, qb);
+            attnd_bar_sync(3 + wg, 128);
+            mainloop(w, r, qb, wn, have_next, k, total, pingpong, acc);
+        }
+        store(w, acc.o, acc.m, acc.l, qb, smem_epi && keys);
+        have = have_next;
     }
 }
 
@@ -891,18 +975,18 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
 // from the fragments.
 template <class Tr>
 __device__ __forceinline__ void
-attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
-                               const attnd_sm90_acc<Tr> &acc, int qb, bool via_smem) const
+attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const float (&o)[Tr::OH][Tr::ON][4],
+                               const float m[2], const float l[2], int qb, bool via_smem) const
 {
-    auto o = [&](int n, int e) { return acc.o[n / Tr::ON][n % Tr::ON][e]; };
+    auto of = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
+    const int wrow0 = w.row0 + wg * 64 + wq * 16;
     if (via_smem) {
         attnd_bar_sync(3 + wg, 128); // every warp's wgmma reads of the buffer are done
-        attnd_paged_store_rows_smem<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
-            a, o, acc.m, acc.l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
-            sm.q(wg, qb), wq * 16, gd);
+        stage(w, o, m, l, qb);
+        flush(w, qb);
     } else {
         attnd_paged_store_rows_as<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
-            a, o, acc.m, acc.l, r.idx0, w.rows_total, w.q_start, w.kvh, lane & 3);
+            a, of, m, l, wrow0 + (lane >> 2), w.rows_total, w.q_start, w.kvh, lane & 3);
     }
 }
 

@@ -34,6 +34,22 @@ __device__ __forceinline__ void attnd_pdl_trigger(void)
 #endif
 }
 
+// stmatrix (sm_90): four 8x8 16-bit matrices from a warp's C-fragment words into shared memory;
+// word i of lane 4 g + t is row g, columns 2 t, 2 t + 1 of matrix i; lane 8 i + r gives the
+// address of row r of matrix i (16 bytes).
+__device__ __forceinline__ void attnd_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1,
+                                                  uint32_t r2, uint32_t r3)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+#else
+    (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
+    __trap();
+#endif
+}
+
 __device__ __forceinline__ void attnd_pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
