@@ -5,6 +5,8 @@
 #   B: compute-sanitizer memcheck + racecheck (gpu_paged --reduced, gpu_ops varlen and
 #      block-sparse), bench_paged (prefill and decode), bench_ops (varlen, block-sparse) and the
 #      anchors (../shared/anchors copied to .anchors) in the same call.
+#   Step "few" (not in A or B): the sanitizers on varlen and gpu_paged --reduced with the sm90
+#      core on 3 CTAs (--sm90-off 2048), where every case chains work tiles.
 # Here (the build machine):
 #   cmake -S . -B build-final -DATTND_CUDA=ON \
 #         -DATTND_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a"
@@ -94,6 +96,12 @@ run() {
             $D/tests/gpu/gpu_ops --quick --only $op
         done
       done ;;
+    few) # the sm90 core with 3 CTAs (--sm90-off 2048): every test case chains work tiles
+      step 0_racecheck_varlen_few 120 compute-sanitizer --tool racecheck --error-exitcode 99 \
+        $D/tests/gpu/gpu_ops --quick --only varlen --sm90-off 2048
+      step 0_memcheck_varlen_few 120 compute-sanitizer --tool memcheck --error-exitcode 99 \
+        $D/tests/gpu/gpu_ops --quick --only varlen --sm90-off 2048
+      step gpu_paged_few 150 $D/tests/gpu/gpu_paged --reduced --sm90-off 2048 ;;
     bench) echo "== bench_paged"
       timeout 200 $D/bench/bench_paged 2>&1 | tee "$out/bench_paged.log" | grep -E "^(prefill|decode)"
       echo "== bench_ops varlen blocksparse"
