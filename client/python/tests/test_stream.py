@@ -261,11 +261,9 @@ def ch_step_stub(t: int, q, k, v, o) -> attnd.StreamStep:
     return attnd.StreamStep(0, t, (), q, k, v, o)
 
 
-def test_generator_through_a_stream_channel_matches_attend():
-    """attnd.transformers.Generator with its layers handed over on the stream channel: the same
-    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode); also
-    with run_ahead (each decode step queued behind the last, fed its tokens on the device, its
-    StreamEnd and the next StreamBegin on the channel's thread)."""
+def tiny_llama() -> tuple:
+    """A 3-layer Llama (random weights, on the GPU with ATTND_TEST_BACKEND=cuda) made for the
+    attnd attention, its daemon geometry, and three prompts (5, 23, 40 tokens)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -274,15 +272,27 @@ def test_generator_through_a_stream_channel_matches_attend():
 
     at.register()
     torch.manual_seed(0)
-    device = "cuda" if CUDA else "cpu"
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
         num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=256)).eval().to(device)
+        max_position_embeddings=256)).eval().to("cuda" if CUDA else "cpu")
     model.config._attn_implementation = at.NAME
     geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    return model, geometry, prompts
+
+
+def test_generator_through_a_stream_channel_matches_attend():
+    """attnd.transformers.Generator with its layers handed over on the stream channel: the same
+    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode); also
+    with run_ahead (each decode step queued behind the last, fed its tokens on the device, its
+    StreamEnd and the next StreamBegin on the channel's thread)."""
+    import torch
+
+    import attnd.transformers as at
+
+    model, geometry, prompts = tiny_llama()
     runs = []
     with Daemon(geometry) as d:
         for stream, ahead in ((False, False), (True, False), (True, True)):
@@ -305,23 +315,9 @@ def test_decode_graphs_replay_the_eager_steps():
     CUDA graph, the next replay queued behind the last and fed its tokens on the GPU while the
     batch stays the same; the same tokens as the eager steps, logits within float rounding.
     Without a CUDA stream channel the option is refused."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    import attnd.config
     import attnd.transformers as at
 
-    at.register()
-    torch.manual_seed(0)
-    device = "cuda" if CUDA else "cpu"
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=256)).eval().to(device)
-    model.config._attn_implementation = at.NAME
-    geometry = attnd.config.from_hf(model.config, backend="cpu", num_blocks=128)["geometry"]
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    model, geometry, prompts = tiny_llama()
     with Daemon(geometry) as d, attnd.Client(d.url) as c:
         if not CUDA:
             with pytest.raises(ValueError, match="cuda_graphs"):
