@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import itertools
 import math
@@ -350,6 +351,11 @@ class _Ahead:
     logits: torch.Tensor | None  # a copy of its logits (keep_logits): the next run reuses them
 
 
+def _release_on_failure(ch: StreamChannel, fut: Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        ch.release()
+
+
 class Generator:
     """Greedy batched generation on the daemon's paged cache: each step() is one daemon step
     and one forward of the model over every unfinished sequence — decodes one token each,
@@ -555,6 +561,9 @@ class Generator:
         prev, self._ahead = self._ahead, None
         ended = ch.end_async(prev.step) if prev is not None else None
         begun = ch.begin_async([(s.seq_id, 1) for s, _ in plan], *d.bufs)
+        for fut in (ended, begun):  # a failure there releases the waits queued here at once
+            if fut is not None:
+                fut.add_done_callback(functools.partial(_release_on_failure, ch))
         failed: BaseException | None = None
         tokens = kept = None
         try:
@@ -571,26 +580,25 @@ class Generator:
     def _settle(self, prev: _Ahead | None, ended: Future[None] | None,
                 begun: Future[StreamStep], failed: BaseException | None) -> StreamStep:
         """The step ahead's StreamEnd (its tokens taken) and the new step's StreamBegin, sent
-        while that step was queued. A failure releases the caller's queued waits (the channel
-        fails, the outputs are garbage) and is raised; so is the forward's (failed), its step
-        aborted."""
+        while that step was queued (a failure of either released the caller's queued waits: the
+        channel failed, the outputs are garbage) and raised; so is the forward's (failed), its
+        step aborted. The tokens are read once StreamBegin went out: the read waits for the GPU,
+        and the channel's thread needs no GIL from it then."""
         ch = self._channel
         assert ch is not None
-        try:
-            if ended is not None:
-                ended.result()
-        except BaseException:
-            ch.release()
-            with contextlib.suppress(Exception):
-                ch.end(begun.result(), abort=True)
-            raise
+        end_error = ended.exception() if ended is not None else None  # waits
+        begin_error = begun.exception()
+        st = begun.result() if begin_error is None else None
+        if end_error is not None:
+            if st is not None:
+                with contextlib.suppress(Exception):
+                    ch.end(st, abort=True)
+            raise end_error
         if prev is not None:
             self._take(prev.plan, range(len(prev.plan)), prev.logits, prev.tokens)
-        try:
-            st = begun.result()
-        except BaseException:
-            ch.release()
-            raise
+        if begin_error is not None:
+            raise begin_error
+        assert st is not None
         if failed is not None:
             with contextlib.suppress(Exception):
                 ch.end(st, abort=True)

@@ -310,6 +310,32 @@ def test_generator_through_a_stream_channel_matches_attend():
             assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
+def test_run_ahead_a_failed_begin_releases_and_raises():
+    """A decode step launched ahead whose StreamBegin fails (a sequence freed behind the
+    Generator's back): its queued waits are released at once, the error names the sequence, the
+    channel is failed and the next step opens a new one."""
+    import attnd.transformers as at
+
+    model, geometry, prompts = tiny_llama()
+    with Daemon(geometry, limits={"stream_timeout_ms": 1000}) as d, attnd.Client(d.url) as c, \
+            at.Generator(model, c, max_step_tokens=64, stream=True, run_ahead=True) as gen:
+        seqs = [gen.add(p, 12) for p in prompts[:2]]
+        while gen.chained == 0:
+            gen.step()
+        gen.flush()
+        first = gen._channel
+        c.free(seqs[0].seq_id)
+        t0 = time.monotonic()
+        with pytest.raises(attnd.AttndError) as e:
+            gen.step()
+        assert e.value.name == "NOT_FOUND" and f"{seqs[0].seq_id} not found" in e.value.message
+        assert time.monotonic() - t0 < 5, "released, not timed out"
+        assert first.failed
+        seqs[0].finished = True  # the engine drops it; the other goes on over a new channel
+        gen.run()
+        assert gen._channel is not first and len(seqs[1].generated) == 12
+
+
 def test_decode_graphs_replay_the_eager_steps():
     """Generator(cuda_graphs=True): decode steps of a batch size seen before replay a captured
     CUDA graph, the next replay queued behind the last and fed its tokens on the GPU while the
