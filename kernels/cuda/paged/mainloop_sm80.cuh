@@ -227,11 +227,37 @@ template <class Tr> struct attnd_kv_loader {
                (Tr::FP8 ? (uint32_t)Tr::raw_off(row0, chunk) : attnd_swz(row0, chunk, Tr::ROW_RAW));
     }
 
+    // Row pass i's K slot in stage buffer buf (its V slot TILE_RAW on): rows 8 apart share the
+    // swizzle key, a constant offset from the thread's first slot.
+    __device__ __forceinline__ uint32_t slot(int i, int buf) const
+    {
+        const int r = row0 + i * Tr::ROWS_PER_PASS;
+        return Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
+                   ? sdst + buf * 2 * Tr::TILE_RAW + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                   : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
+    }
+
+    // nbytes of the thread's chunk of a K row and a V row into K slot sk (the rest zero-filled).
+    __device__ __forceinline__ void copy(uint32_t sk, const unsigned char *ks,
+                                         const unsigned char *vs, int nbytes) const
+    {
+        const uint32_t sv = sk + Tr::TILE_RAW;
+        if (vec16) {
+            attnd_cp_async16(sk, ks, nbytes);
+            attnd_cp_async16(sv, vs, nbytes);
+        } else {
+            const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
+            attnd_cp_async8(sk, ks, n0);
+            attnd_cp_async8(sk + 8, n1 ? ks + 8 : ks, n1);
+            attnd_cp_async8(sv, vs, n0);
+            attnd_cp_async8(sv + 8, n1 ? vs + 8 : vs, n1);
+        }
+    }
+
     // Copy the tile of tokens t0.. into stage buffer buf; pages[i] < 0: zero-fill (past the range).
     template <bool SAME_STRIDES>
     __device__ __forceinline__ void issue(int t0, int buf, const int *pages) const
     {
-        const uint32_t dk = sdst + buf * 2 * Tr::TILE_RAW;
 #pragma unroll
         for (int i = 0; i < Tr::LOAD_ITERS; i++) {
             const int r = row0 + i * Tr::ROWS_PER_PASS;
@@ -242,23 +268,7 @@ template <class Tr> struct attnd_kv_loader {
             const int64_t voff = SAME_STRIDES ? koff + (vcoff - kcoff)
                                               : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
             const unsigned char *ks = kbase + koff, *vs = vbase + voff;
-            const int nbytes = ok ? nbytes_ok : 0;
-            // rows 8 apart share the swizzle key: a constant offset from the first slot
-            const uint32_t sk =
-                Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
-                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
-                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
-            const uint32_t sv = sk + Tr::TILE_RAW;
-            if (vec16) {
-                attnd_cp_async16(sk, ks, nbytes);
-                attnd_cp_async16(sv, vs, nbytes);
-            } else {
-                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
-                attnd_cp_async8(sk, ks, n0);
-                attnd_cp_async8(sk + 8, n1 ? ks + 8 : ks, n1);
-                attnd_cp_async8(sv, vs, n0);
-                attnd_cp_async8(sv + 8, n1 ? vs + 8 : vs, n1);
-            }
+            copy(slot(i, buf), ks, vs, ok ? nbytes_ok : 0);
         }
     }
     // Decode: the NW tokens of a warp from tw, a multiple of 16 and so within one page pg (< 0:
@@ -280,31 +290,18 @@ template <class Tr> struct attnd_kv_loader {
         const int64_t voff =
             SAME_STRIDES ? koff + (vcoff - kcoff) : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
         const unsigned char *ks = kbase + koff, *vs = vbase + voff;
-        const uint32_t dk = sdst + buf * 2 * Tr::TILE_RAW;
 #pragma unroll
         for (int i = 0; i < Tr::LOAD_ITERS; i++) {
-            const int r = row0 + i * Tr::ROWS_PER_PASS;
             const bool ok = i * Tr::ROWS_PER_PASS < rem && i * Tr::ROWS_PER_PASS >= skip;
             const int nbytes = ok ? nbytes_ok : 0;
             const unsigned char *ki = ks + i * Tr::ROWS_PER_PASS * ks1;
             const unsigned char *vi = vs + i * Tr::ROWS_PER_PASS * (SAME_STRIDES ? ks1 : vs1);
-            const uint32_t sk =
-                Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
-                    ? dk + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
-                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
-            const uint32_t sv = sk + Tr::TILE_RAW;
+            const uint32_t sk = slot(i, buf);
             if (whole) { // the lane's chunk is all in the head or all padding
                 attnd_cp_async16_if(sk, ki, ok);
-                attnd_cp_async16_if(sv, vi, ok);
-            } else if (vec16) {
-                attnd_cp_async16(sk, ki, nbytes);
-                attnd_cp_async16(sv, vi, nbytes);
+                attnd_cp_async16_if(sk + Tr::TILE_RAW, vi, ok);
             } else {
-                const int n0 = min(nbytes, 8), n1 = max(nbytes - 8, 0);
-                attnd_cp_async8(sk, ki, n0);
-                attnd_cp_async8(sk + 8, n1 ? ki + 8 : ki, n1);
-                attnd_cp_async8(sv, vi, n0);
-                attnd_cp_async8(sv + 8, n1 ? vi + 8 : vi, n1);
+                copy(sk, ki, vi, nbytes);
             }
         }
     }
