@@ -414,7 +414,9 @@ static void write_ones(attnd_client_stream *s, attnd_cu_devptr words)
  * caller's stream stalls (what follows reads garbage: the step's outputs are void). On CUDA the
  * reset values go to 1 first, so the resets of steps the caller's stream still runs (a step
  * launched ahead of this one's StreamEnd) keep the words released; a reset already copying when
- * the words were written could clear them once more, so they are written again a moment later. */
+ * the words were written could clear them once more, so they are written again a moment later.
+ * Any thread may release (NNG's, a binding's worker thread): the channel's context is made
+ * current for it. */
 static void release_own(attnd_client_stream *s)
 {
     __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
@@ -423,6 +425,7 @@ static void release_own(attnd_client_stream *s)
             __atomic_store_n((uint32_t *)s->o_shm.base + l, 1u, __ATOMIC_RELEASE);
         return;
     }
+    if (s->cu.ctx_set_current(s->ctx) != 0) return; /* nothing to write with */
     write_ones(s, s->o_reset);
     write_ones(s, s->o_dev);
     struct timespec ts = {0, 2000000}; /* 2 ms: far longer than a 512-byte copy runs */
@@ -433,7 +436,6 @@ static void release_own(attnd_client_stream *s)
 void attnd_client_stream_release(attnd_client_stream *s)
 {
     if (s == NULL) return;
-    if (s->cuda) s->cu.ctx_set_current(s->ctx); /* the channel's own: any thread may call */
     release_own(s);
 }
 
@@ -442,7 +444,6 @@ void attnd_client_streams_lost(void *client)
     attnd_client *c = client;
     pthread_mutex_lock(&c->streams_mu);
     for (attnd_client_stream *s = c->streams; s != NULL; s = s->next) {
-        if (s->cuda && s->cu.ctx_set_current(s->ctx) != 0) continue; /* nothing to write with */
         release_own(s);
     }
     pthread_mutex_unlock(&c->streams_mu);
