@@ -428,9 +428,9 @@ class Generator:
         return s
 
     def fork(self, parent: Generation, next_token: int, max_new_tokens: int) -> Generation:
-        self.flush()
         """A sequence sharing parent's cache (copy-on-write) that continues with next_token
         instead of what the parent generates; its `generated` starts with next_token."""
+        self.flush()
         if parent.finished:
             raise ValueError(f"sequence {parent.seq_id} finished (its cache is freed)")
         s = Generation(next(self._ids), parent.tokens[:parent.computed] + [int(next_token)],
@@ -526,7 +526,7 @@ class Generator:
         return True
 
     def flush(self) -> None:
-        """End the replayed step still running, if any, and take its tokens."""
+        """End the decode step still running ahead, if any, and take its tokens."""
         a, self._ahead = self._ahead, None
         if a is None:
             return
