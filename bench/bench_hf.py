@@ -173,68 +173,48 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
 
 
 class GraphDecode:
-    """The decode forward of B sequences (one token each, packed) with the stream channel's
-    per-layer handoff inside, captured once in a CUDA graph on static inputs."""
+    """bench's own decode loop over the Generator's decode forward of B sequences
+    (attnd.transformers._Decode: one token each, packed, the stream channel's per-layer handoff
+    inside, capturable): the tokens never leave the GPU and each replay runs one step ahead."""
 
-    def __init__(self, model: Any, gen: at.Generator, seqs: list, dtype: torch.dtype) -> None:
-        b, dev = len(seqs), next(model.parameters()).device
-        self.model, self.gen, self.ch = model, gen, gen._channel
-        self.ids = torch.zeros((1, b), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((1, b), dtype=torch.long, device=dev)
-        self.keep = torch.arange(b, device=dev)
-        ws = gen._workspace_for(b, dtype, dev)
-        ws.reset()
-        self.fw = at._Forward(gen.client, attnd.Step(0, b, (), ()), gen._checked, ws,
-                              channel=self.ch)
-        self.bufs = self.fw.carve(b, dtype)
+    def __init__(self, gen: at.Generator, seqs: list, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.d = at._Decode(gen, len(seqs), dtype, device)
+        self.ch = gen._channel
         self.pairs = [(s.seq_id, 1) for s in seqs]
-        self.logits: torch.Tensor | None = None
         self.pending: attnd.StreamStep | None = None
 
-    def forward(self) -> torch.Tensor:
-        self.fw.attended.clear()
-        with at.attending(self.gen.client, self.fw.step, self.fw.workspace, self.gen._checked,
-                          reset=False, fw=self.fw):
-            return self.model(input_ids=self.ids, position_ids=self.pos, use_cache=False,
-                              logits_to_keep=self.keep).logits[0]
-
-    def eager_step(self) -> torch.Tensor:
+    def eager_step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One real decode step run eagerly (the warm-up capture wants)."""
-        st = self.ch.begin(self.pairs, *self.bufs)
-        self.fw.stream_step = st
+        st = self.ch.begin(self.pairs, *self.d.bufs)
         try:
-            logits = self.forward()
+            logits = self.d.run(ids, pos)
         except BaseException:  # abort: a commit would wait for layers never handed over
             self.ch.end(st, abort=True)
             raise
         self.ch.end(st)
         return logits
 
-    def capture(self) -> None:
-        self.fw.stream_step = attnd.StreamStep(0, len(self.pairs), (), *self.bufs)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self.forward()
-
-    def replay_step(self, times: dict[str, list[Any]] | None = None) -> torch.Tensor:
+    def replay_step(self, ids: torch.Tensor, pos: torch.Tensor,
+                    times: dict[str, list[Any]] | None = None) -> torch.Tensor:
         """One replayed step launched one step ahead: the graph goes on the worker's stream
         behind the step before, whose StreamEnd is sent next, then this step's StreamBegin (the
         protocol lets a stream run one step ahead), so the worker's GPU goes from one step to
         the next without waiting for the host; finish() ends the last. With times, the host's
         walls (launch, the previous StreamEnd, StreamBegin) and a pair of events around the
-        replay on the worker's stream."""
+        replay (its input copies included) on the worker's stream."""
         t0 = time.perf_counter()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None else []
         if ev:
             ev[0].record()
-        self.graph.replay()
+        logits = self.d.run(ids, pos)
         if ev:
             ev[1].record()
         t1 = time.perf_counter()
         self.finish()
         t2 = time.perf_counter()
         try:
-            self.pending = self.ch.begin(self.pairs, *self.bufs)
+            self.pending = self.ch.begin(self.pairs, *self.d.bufs)
         except BaseException:
             self.ch.release()  # the replay waits on a step the daemon will not run
             raise
@@ -244,8 +224,7 @@ class GraphDecode:
                          ("begin_us", t3 - t2)):
                 times.setdefault(k, []).append(v * 1e6)
             times.setdefault("events", []).append(ev)
-        assert self.logits is not None
-        return self.logits
+        return logits
 
     def finish(self) -> None:
         """StreamEnd of the step launched last, if any."""
@@ -265,18 +244,19 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
         t0 = sync_time()
         gen.step()  # every prompt whole, each gets its first token
         t1 = sync_time()
-        gd = GraphDecode(model, gen, seqs, next(model.parameters()).dtype)
+        gd = GraphDecode(gen, seqs, next(model.parameters()).dtype, ids.device)
         toks = torch.tensor([s.tokens[-1] for s in seqs], device=ids.device)
         pos = torch.tensor([len(s.tokens) - 1 for s in seqs], device=ids.device)
         times: dict[str, list[Any]] = {}
         for k in range(new):
-            gd.ids[0].copy_(toks)
-            gd.pos[0].copy_(pos + k)
-            logits = gd.eager_step() if k == 0 else gd.replay_step(times)
+            if k == 0:
+                logits = gd.eager_step(toks[None], (pos + k)[None])
+            else:
+                logits = gd.replay_step(toks[None], (pos + k)[None], times)
             toks = logits.argmax(-1)
             if k == 0:
                 torch.cuda.synchronize()
-                gd.capture()
+                gd.d.capture()
                 t2 = sync_time()  # decode timed from the first replayed step
         gd.finish()
         t3 = sync_time()
