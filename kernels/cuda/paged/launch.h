@@ -41,9 +41,17 @@ enum {
     ATTND_SM90_NO_HI_ONLY = 1024,  // masked tiles without a window still test the range's
                                    // lower bound
     ATTND_SM90_FEW_CTAS = 2048,    // tests: a grid of 3 CTAs, so that each runs many tiles in a row
-    ATTND_SM90_NO_LATE_STORE = 4096 // chained tiles: rows stored before the next step's GEMMs are
-                                    // issued, not under them
+    ATTND_SM90_NO_LATE_STORE = 4096, // chained tiles: rows stored before the next step's GEMMs
+                                     // are issued, not under them
+    ATTND_SM90_NO_PLAIN = 8192,      // the general instantiation even when the plain one applies
+    ATTND_SM90_NO_PAGE_RING = 16384  // head 128, plain: the producer reads a tile's page ids after
+                                     // the stage wait, not into shared memory before it
 };
+// The switches the plain instantiation does not have (traits PLAIN): any of them set, the
+// general one runs.
+#define ATTND_SM90_NOT_PLAIN                                                                       \
+    (ATTND_SM90_NO_RANGE_MASK | ATTND_SM90_NO_LATE_WAIT | ATTND_SM90_NO_FAST_EPI |                 \
+     ATTND_SM90_NO_HI_ONLY | ATTND_SM90_NO_LATE_STORE | ATTND_SM90_NO_PLAIN)
 
 // What a launch needs besides the kernel arguments; the caller owns the stream.
 typedef struct attnd_paged_launch {
