@@ -451,6 +451,7 @@ int main(int argc, char **argv)
         bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
     bench_prefill(1, 8192, quick);
     bench_prefill(8, 2048, quick);
+    bench_prefill(32, 2048, quick); /* issue 16: the real-model prefill batch */
 
     printf("\n| case | segments | ms | figure |\n| --- | --- | --- | --- |\n");
     for (int i = 0; i < g_nres; i++)
