@@ -68,7 +68,7 @@ for s in ${STEPS:-ops paged bench benchp anchors}; do
     sdpa) echo "== SDPA cuDNN / FA2 prefill (the anchors' prefill shapes alone)"; timeout 120 python3 - <<'PY' 2>&1 | tee "$out/sdpa.log"
 import torch, triton, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-for b, L in [(1, 8192), (8, 2048)]:
+for b, L in [(1, 8192), (8, 2048), (32, 2048)]:
     q = torch.randn(b, 32, L, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, 8, L, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
     for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
