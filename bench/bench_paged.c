@@ -351,14 +351,14 @@ static void bench_prefill(int batch, int L, int quick)
         int core, off;
         const char *tag;
     } variants[MAX_OFFS + 1] = {{0, 0, "default"},
-                                {90, 256, "sm90 no chain"},
+                                {90, 8192, "sm90 general (chained)"},
+                                {90, 8192 | 256, "sm90 general, no chain"},
                                 {90, 4096, "sm90 no late store"},
                                 {90, 512, "sm90 no fast epilogue"},
                                 {90, 1024, "sm90 no hi-only mask"},
                                 {90, 256 | 512 | 1024 | 4096, "sm90 none of the four"},
                                 {90, 128, "sm90 no late wait"},
                                 {90, 1, "sm90 no ping-pong"},
-                                {90, 8192, "sm90 no plain"},
                                 {90, 16384, "sm90 no page ring"},
                                 {80, 0, "sm80 core"}};
     int nv = 1;

@@ -43,7 +43,8 @@
 // MODE: where K/V come from (ATTND_SRC_*).
 // PLAIN: no softcap, no ALiBi (kargs.plain) and none of the measurement switches that change the
 // loop (exact mask, early P V wait, lower bound, slow epilogue, early store): their code left out
-// of the loop body at compile time (the instantiation launched when they are all off).
+// of the loop body at compile time (the instantiation launched when they are all off), and no
+// chained work tiles (each tile's rows stored after its main loop).
 // RING: paged, the producer reads a K/V tile's page ids into shared memory before waiting for the
 // tile's K stage, not after (false: a measurement-only instantiation).
 enum { ATTND_SM90_DEEP_NONE = 0, ATTND_SM90_DEEP_K = 1, ATTND_SM90_DEEP_V = 2 };
@@ -863,7 +864,7 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_sm90_tile e = w; // next_w: the tile whose rows go out after this step
             float m_old[2] = {acc.m[0], acc.m[1]}, l_old[2] = {acc.l[0], acc.l[1]};
             if (next_w) {
-                if (Tr::SPARSE || !chain || !have_next || wn.jhi < wn.jlo) break;
+                if (Tr::SPARSE || Tr::PLAIN || !chain || !have_next || wn.jhi < wn.jlo) break;
                 w = wn;
                 qb ^= 1;
                 acc.m[0] = acc.m[1] = attnd_neg_inf();
@@ -968,8 +969,9 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
                (ot == ATTND_DTYPE_BF16 || ot == ATTND_DTYPE_F16) &&
                ((uintptr_t)a.p.out.data & 15) == 0 && os0 == 0 && os1 == 0;
     // chained tiles: the next tile's Q already there, the rows out through shared memory (the
-    // one epilogue inlined in the loop)
-    chain = qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
+    // one epilogue inlined in the loop); not in the plain instantiation (at fixed clocks the
+    // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
+    chain = !Tr::PLAIN && qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
