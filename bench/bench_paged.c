@@ -359,7 +359,6 @@ static void bench_prefill(int batch, int L, int quick)
                                 {90, 256 | 512 | 1024 | 4096, "sm90 none of the four"},
                                 {90, 128, "sm90 no late wait"},
                                 {90, 1, "sm90 no ping-pong"},
-                                {90, 16384, "sm90 no page ring"},
                                 {80, 0, "sm80 core"}};
     int nv = 1;
     while (c->cc == 90 && nv <= MAX_OFFS && variants[nv].tag != NULL)

@@ -44,10 +44,8 @@ enum {
     ATTND_SM90_FEW_CTAS = 2048,    // tests: a grid of 3 CTAs, so that each runs many tiles in a row
     ATTND_SM90_NO_LATE_STORE = 4096, // chained tiles: rows stored before the next step's GEMMs
                                      // are issued, not under them
-    ATTND_SM90_NO_PLAIN = 8192,      // the general instantiation (chained tiles) even when the
+    ATTND_SM90_NO_PLAIN = 8192       // the general instantiation (chained tiles) even when the
                                      // plain one applies
-    ATTND_SM90_NO_PAGE_RING = 16384  // head 128, plain: the producer reads a tile's page ids after
-                                     // the stage wait, not into shared memory before it
 };
 // The switches the plain instantiation does not have (traits PLAIN): any of them set, the
 // general one runs.

@@ -103,11 +103,6 @@ cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
             typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_K> deep_k;
             if (l.sm90_off & ATTND_SM90_NO_DEEP) return attnd_paged_run_sm90<none>(a, l);
             if (l.sm90_off & ATTND_SM90_DEEP_K_NOT_V) return attnd_paged_run_sm90<deep_k>(a, l);
-            typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false, ATTND_SRC_PAGED,
-                                            true, false>
-                plain_no_ring;
-            if (attnd_sm90_plain(a, l) && (l.sm90_off & ATTND_SM90_NO_PAGE_RING))
-                return attnd_paged_run_sm90<plain_no_ring>(a, l);
         }
         if (attnd_sm90_plain(a, l))
             return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false,

@@ -45,11 +45,9 @@
 // loop (exact mask, early P V wait, lower bound, slow epilogue, early store): their code left out
 // of the loop body at compile time (the instantiation launched when they are all off), and no
 // chained work tiles (each tile's rows stored after its main loop).
-// RING: paged, the producer reads a K/V tile's page ids into shared memory before waiting for the
-// tile's K stage, not after (false: a measurement-only instantiation).
 enum { ATTND_SM90_DEEP_NONE = 0, ATTND_SM90_DEEP_K = 1, ATTND_SM90_DEEP_V = 2 };
 template <int D_PAD_, int KV_, int DEEP = ATTND_SM90_DEEP_V, bool SINKS = false,
-          int MODE_ = ATTND_SRC_PAGED, bool PLAIN_ = false, bool RING_ = true>
+          int MODE_ = ATTND_SRC_PAGED, bool PLAIN_ = false>
 struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
@@ -57,7 +55,6 @@ struct attnd_paged_sm90_traits {
     static constexpr bool SPARSE = MODE == ATTND_SRC_SPARSE;
     static constexpr bool HAS_SINKS = SINKS;
     static constexpr bool PLAIN = PLAIN_;
-    static constexpr bool RING = RING_;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
@@ -89,11 +86,8 @@ struct attnd_paged_sm90_traits {
     static constexpr int KINFO_OFF = BAR_OFF + 4 * MSTAGES * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
-    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4; // a word per consumer thread
-    // paged: the producer's pages of two K/V tiles (id and valid rows per lane), read a step ahead
-    static constexpr int RING_OFF = ORDER_OFF + 256 * 4;
-    static constexpr int RING_BYTES = MODE == ATTND_SRC_PAGED && RING ? 2 * 64 * 4 : 0;
-    static constexpr int SMEM_BYTES = RING_OFF + RING_BYTES + 1024; // + base alignment
+    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4;      // a word per consumer thread
+    static constexpr int SMEM_BYTES = ORDER_OFF + 256 * 4 + 1024; // + base alignment
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
@@ -223,12 +217,6 @@ template <class Tr> struct attnd_sm90_smem {
     {
         return (int32_t *)(gen + Tr::KLIST_OFF);
     }
-    // paged: the producer's page slot of K/V tile j, this lane's id (+ 0) and valid rows (+ 4),
-    // a shared-space address (the producer has no register to spare for the generic pointer)
-    __device__ __forceinline__ uint32_t ring(int j, int lane) const
-    {
-        return base + Tr::RING_OFF + (uint32_t)((j & 1) * 32 + lane) * 8;
-    }
 };
 
 // Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled slab.
@@ -266,13 +254,6 @@ template <class Tr> struct attnd_sm90_producer {
     __device__ __forceinline__ bool page(const attnd_sm90_tile &w, int j, int *pid,
                                          int *valid) const
     {
-        if constexpr (Tr::MODE == ATTND_SRC_PAGED && Tr::RING) { // as ring_fill found them
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
-                         : "=r"(*pid), "=r"(*valid)
-                         : "r"(sm.ring(j, lane))
-                         : "memory");
-            return *valid > 0;
-        }
         const int v0 = j * Tr::BLOCK_N + (lane << a.bs_log2);
         *pid = 0;
         *valid = 0;
@@ -286,25 +267,6 @@ template <class Tr> struct attnd_sm90_producer {
         else
             *pid = w.k_start + pos0;
         return true;
-    }
-
-    // Paged: this lane's page of tile j (id from the block table, valid rows; 0: none) into the
-    // ring before K of j waits for its stage, so that the read's latency passes before the stage
-    // is free, not after; V of j, a step later, reads the same slot. Each lane reads back only
-    // its own words.
-    __device__ __forceinline__ void ring_fill(const attnd_sm90_tile &w, int j) const
-    {
-        if constexpr (Tr::MODE == ATTND_SRC_PAGED && Tr::RING) {
-            const int v0 = j * Tr::BLOCK_N + (lane << a.bs_log2);
-            int pid = 0, valid = 0;
-            if (lane < (Tr::BLOCK_N >> a.bs_log2) && v0 < w.seq_len) {
-                valid = min(1 << a.bs_log2, w.seq_len - v0);
-                pid = __ldg(bt + (int64_t)(v0 >> a.bs_log2) * a.p.block_tables.strides[1]);
-            }
-            asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(sm.ring(j, lane)), "r"(pid),
-                         "r"(valid)
-                         : "memory");
-        }
     }
 
     // TMA of this lane's page (all slabs) into stage buffer dst, completing on bar.
@@ -323,7 +285,6 @@ template <class Tr> struct attnd_sm90_producer {
     {
         const int st = nk % Tr::KSTAGES, ph = (nk / Tr::KSTAGES) & 1;
         nk++;
-        ring_fill(w, j);
         attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
         if constexpr (Tr::SPARSE) write_kinfo(w, st, j, ntiles);
         int pid, valid;
