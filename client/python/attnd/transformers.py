@@ -341,14 +341,42 @@ class _Decode:
 
 
 @dataclass
+class _Readback:
+    """A step's tokens (and logits) copied to pinned host memory behind the step on its stream:
+    read after `ready`, not with .tolist(), which would wait for the next step queued behind."""
+
+    tokens: torch.Tensor
+    logits: torch.Tensor | None
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def queue(cls, tokens: torch.Tensor, logits: torch.Tensor | None) -> _Readback:
+        if tokens.device.type != "cuda":
+            return cls(tokens, None if logits is None else logits.float(), None)
+        host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_logits = None
+        if logits is not None:
+            host_logits = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+            host_logits.copy_(logits.float(), non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(host_tokens, host_logits, ready)
+
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+
+@dataclass
 class _Ahead:
     """A decode step on the GPU whose StreamEnd and tokens are still to come."""
 
     step: StreamStep
     plan: list[tuple[Generation, int]]
     pos: torch.Tensor  # [1, batch] its positions, on the GPU
-    tokens: torch.Tensor  # [batch] its greedy tokens, on the GPU
-    logits: torch.Tensor | None  # a copy of its logits (keep_logits): the next run reuses them
+    tokens: torch.Tensor  # [batch] its greedy tokens, on the GPU: the next step's input ids
+    out: _Readback  # the same tokens (and its logits, keep_logits) for the host
 
 
 def _release_on_failure(ch: StreamChannel, fut: Future[Any]) -> None:
@@ -522,7 +550,7 @@ class Generator:
             else:
                 with self.client.step(seqs) as st, attending(self.client, st, ws, self._checked):
                     logits = self.model(**kwargs).logits[0]
-        self._take(plan, sample, logits, logits.argmax(-1))
+        self._take(plan, sample, logits, logits.argmax(-1).tolist())
         return True
 
     def flush(self) -> None:
@@ -532,19 +560,22 @@ class Generator:
             return
         assert self._channel is not None
         self._channel.end(a.step)  # failed: the library released the replays queued behind
-        self._take(a.plan, range(len(a.plan)), a.logits, a.tokens)
+        self._take_ahead(a)
+
+    def _take_ahead(self, a: _Ahead) -> None:
+        a.out.wait()
+        self._take(a.plan, range(len(a.plan)), a.out.logits, a.out.tokens.tolist())
 
     def _take(self, plan: list[tuple[Generation, int]], sample: Sequence[int],
-              logits: torch.Tensor | None, tokens: torch.Tensor) -> None:
+              logits: torch.Tensor | None, next_tokens: list[int]) -> None:
         """The step's tokens (rows of `sample`) into its sequences; finished ones freed."""
         for s, n in plan:
             s.computed += n
-        next_tokens = tokens.tolist()  # one device sync for the whole batch
         for row, i in enumerate(sample):
             s = plan[i][0]
             s.tokens.append(next_tokens[row])
             if self.keep_logits and logits is not None:
-                s.logits.append(logits[row].float().cpu())
+                s.logits.append(logits[row].to("cpu", torch.float32, copy=True))
             if len(s.generated) >= s.max_new_tokens:
                 s.finished = True
                 self.client.free(s.seq_id)
@@ -565,25 +596,26 @@ class Generator:
             if fut is not None:
                 fut.add_done_callback(functools.partial(_release_on_failure, ch))
         failed: BaseException | None = None
-        tokens = kept = None
+        tokens = out = None
         try:
             with torch.inference_mode():
                 logits = d.run(ids, pos)
                 tokens = logits.argmax(-1)
-                kept = logits.clone() if self.keep_logits else None
+                out = _Readback.queue(tokens, logits if self.keep_logits else None)
         except BaseException as e:  # noqa: BLE001  settled below, then raised
             failed = e
         st = self._settle(prev, ended, begun, failed)
-        assert tokens is not None
-        self._ahead = _Ahead(st, plan, pos, tokens, kept)
+        assert tokens is not None and out is not None
+        self._ahead = _Ahead(st, plan, pos, tokens, out)
 
     def _settle(self, prev: _Ahead | None, ended: Future[None] | None,
                 begun: Future[StreamStep], failed: BaseException | None) -> StreamStep:
         """The step ahead's StreamEnd (its tokens taken) and the new step's StreamBegin, sent
         while that step was queued (a failure of either released the caller's queued waits: the
         channel failed, the outputs are garbage) and raised; so is the forward's (failed), its
-        step aborted. The tokens are read once StreamBegin went out: the read waits for the GPU,
-        and the channel's thread needs no GIL from it then."""
+        step aborted. The tokens are read once StreamBegin went out, from their host copy (the
+        read waits for that copy, not for the step queued behind), and the channel's thread
+        needs no GIL from it then."""
         ch = self._channel
         assert ch is not None
         end_error = ended.exception() if ended is not None else None  # waits
@@ -595,7 +627,7 @@ class Generator:
                     ch.end(st, abort=True)
             raise end_error
         if prev is not None:
-            self._take(prev.plan, range(len(prev.plan)), prev.logits, prev.tokens)
+            self._take_ahead(prev)
         if begin_error is not None:
             raise begin_error
         assert st is not None

@@ -339,8 +339,12 @@ def test_run_ahead_a_failed_begin_releases_and_raises():
 def test_decode_graphs_replay_the_eager_steps():
     """Generator(cuda_graphs=True): decode steps of a batch size seen before replay a captured
     CUDA graph, the next replay queued behind the last and fed its tokens on the GPU while the
-    batch stays the same; the same tokens as the eager steps, logits within float rounding.
-    Without a CUDA stream channel the option is refused."""
+    batch stays the same; the same tokens as the eager steps, logits within float rounding; a
+    replayed step is still on the GPU when step() returns (its tokens reach the host by a copy
+    queued before the next step, not by a read that waits for it). Without a CUDA stream channel
+    the option is refused."""
+    import torch
+
     import attnd.transformers as at
 
     model, geometry, prompts = tiny_llama()
@@ -356,8 +360,12 @@ def test_decode_graphs_replay_the_eager_steps():
             with at.Generator(model, c, max_step_tokens=32, keep_logits=True,
                               cuda_graphs=graphs) as gen:
                 seqs = [gen.add(p, 12) for p in prompts]
-                gen.run()
+                busy = []
+                while gen.step():
+                    busy.append(gen._ahead is not None
+                                and not torch.cuda.current_stream().query())
                 runs.append(seqs)
+                assert any(busy) == graphs
                 assert any(x.graph is not None for x in gen._decodes.values()) == graphs
                 assert (gen.chained > 0) == graphs  # replays fed their tokens on the GPU
     for a, b in zip(*runs):
