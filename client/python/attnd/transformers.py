@@ -39,6 +39,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from . import rotary
 from .client import Client, Step
 from .config import expectation, first_difference, from_hf, sinks_of
 from .region import Region
@@ -237,10 +238,20 @@ def _bloom_attention_forward(self: Any, hidden_states: torch.Tensor, residual: t
 ADAPTERS = {"BloomAttention": _bloom_attention_forward}
 
 
+def _rotary_target() -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The q/k tensors of the stream step the current forward hands its layers over in."""
+    fw = _current.get()
+    if fw is None or fw.channel is None or fw.stream_step is None:
+        return None
+    return fw.stream_step.q, fw.stream_step.k
+
+
 def attach(model: Any) -> int:
     """Give the adapters to the model's attention modules that need one (idempotent; they
-    defer to the original forward unless the model runs attn_implementation="attnd");
-    returns how many modules have one."""
+    defer to the original forward unless the model runs attn_implementation="attnd"), and let
+    its rotary embedding write into a stream step's q/k (attnd.rotary); returns how many
+    modules have an adapter."""
+    rotary.fuse(model, _rotary_target)
     n = 0
     for m in model.modules():
         fwd = ADAPTERS.get(type(m).__name__)

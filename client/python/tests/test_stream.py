@@ -285,7 +285,8 @@ def tiny_llama() -> tuple:
 
 def test_generator_through_a_stream_channel_matches_attend():
     """attnd.transformers.Generator with its layers handed over on the stream channel: the same
-    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode); also
+    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode), its
+    rotary embedding writing q and k straight into the step's tensors (attnd.rotary); also
     with run_ahead (each decode step queued behind the last, fed its tokens on the device, its
     StreamEnd and the next StreamBegin on the channel's thread)."""
     import torch
@@ -303,6 +304,8 @@ def test_generator_through_a_stream_channel_matches_attend():
                 gen.run()
                 assert (gen._channel is not None) == stream
                 assert (gen.chained > 0) == ahead  # decode steps queued behind the last
+                if stream:  # q and k rotated straight into the step's tensors: v copied alone
+                    assert gen._channel.copied == gen._channel.attended > 0
                 runs.append(seqs)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
