@@ -98,10 +98,14 @@ step_1() {
 step_4() {
   echo "== 4. bench_hf.py, MPS, ${REPEAT:-3} alternated repeats after a warm-up round"
   start_daemon "$out/attnd_bench.json" "$out/attnd_bench.log" || return 1
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv \
+    -lms 500 >"$out/clocks.csv" 2>&1 &
+  local smi=$!
   PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-240}" $PIN_BENCH python3 "$dir/bench_hf.py" --url "ipc://$sock" \
     --label mps --repeat "${REPEAT:-3}" --json "$out/bench_hf_mps.json" ${BENCH_ARGS:-} \
     >"$out/bench_hf.log" 2>&1
   echo "rc=$?"; grep -E "^median|error|Error" "$out/bench_hf.log" | cut -c1-400
+  kill "$smi" 2>/dev/null
   stop_daemon
   grep -a -E "event=stream_release|device_failed|level=error" "$out/attnd_bench.log" | head -5
 }
