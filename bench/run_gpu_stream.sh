@@ -12,6 +12,7 @@
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
 #      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y);
 #      PIN=1 runs the daemon on cores 8-11 and the bench on cores 2-5 (taskset).
+#   6. client/python/tests/test_transformers.py and test_rotary.py against the CUDA daemon;
 #   5. bench/sdpa_decode.py: one layer in process (SDPA, its cache write, attnd's worker copies)
 #      at $LAYER_SHAPES (decode B:CTX, prefill pB:CTX; default: both at 32x2048 and 16x1024).
 # STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
@@ -93,6 +94,14 @@ step_1() {
     "$dir/python/tests/test_stream.py" >"$out/test_stream_cuda.log" 2>&1
   echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|Error|assert|passed|failed" \
     "$out/test_stream_cuda.log" | head -30
+}
+
+step_6() {
+  echo "== 6. test_transformers.py and test_rotary.py, CUDA daemon, MPS"
+  ATTND_TEST_BACKEND=cuda ATTND_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -rfs \
+    -p no:cacheprovider "$dir/python/tests/test_transformers.py" "$dir/python/tests/test_rotary.py" \
+    >"$out/test_transformers_cuda.log" 2>&1
+  echo "rc=$?"; tail -6 "$out/test_transformers_cuda.log"
 }
 
 step_4() {
