@@ -41,6 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 import attnd
+import attnd.generate
 import attnd.transformers as at
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -176,12 +177,12 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
 
 class GraphDecode:
     """bench's own decode loop over the Generator's decode forward of B sequences
-    (attnd.transformers._Decode: one token each, packed, the stream channel's per-layer handoff
+    (attnd.generate._Decode: one token each, packed, the stream channel's per-layer handoff
     inside, capturable): the tokens never leave the GPU and each replay runs one step ahead."""
 
     def __init__(self, gen: at.Generator, seqs: list, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.d = at._Decode(gen, len(seqs), dtype, device)
+        self.d = attnd.generate._Decode(gen, len(seqs), dtype, device)
         self.ch = gen._channel
         self.pairs = [(s.seq_id, 1) for s in seqs]
         self.pending: attnd.StreamStep | None = None
