@@ -711,6 +711,28 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
 
 // ------------------------------------------------------------------ kernel
 
+// Bench-only timeline (builds with ATTND_DECODE_TIMELINE): thread 0 of each decode CTA writes 8
+// words at CTA (z * gridDim.y + y) * gridDim.x + x: 0 SM id, 1 start, 2 first tile in, 3 its
+// warp's loop done, 4 every warp's partial stored, 5 end, 6 1 if it merged its pair.
+#ifdef ATTND_DECODE_TIMELINE
+__device__ __forceinline__ void attnd_timeline(const attnd_paged_kargs &a, int slot,
+                                               unsigned long long v, bool stamp)
+{
+    if (a.timeline == NULL || threadIdx.x != 0) return;
+    if (stamp) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    a.timeline[cta * 8 + slot] = v;
+}
+#define ATTND_TIMELINE(slot, v, stamp)                                                             \
+    do {                                                                                           \
+        if (Tr::DECODE) attnd_timeline(a, slot, v, stamp);                                         \
+    } while (0)
+#else
+#define ATTND_TIMELINE(slot, v, stamp)                                                             \
+    do {                                                                                           \
+    } while (0)
+#endif
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     attnd_paged_kernel(const attnd_paged_kargs a)
@@ -723,6 +745,14 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     extern __shared__ __align__(128) unsigned char attnd_smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    ATTND_TIMELINE(1, 0, true);
+#ifdef ATTND_DECODE_TIMELINE
+    {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        ATTND_TIMELINE(0, smid, false);
+    }
+#endif
     const int wm = Tr::WARPS_N == 1 ? warp : 0;
     const int wn = Tr::WARPS_N == 1 ? 0 : warp;
     const int g = a.group;
@@ -901,6 +931,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             __syncwarp(); // the warp's own rows: loaded by it, read by it
         else
             __syncthreads();
+        if (j == 0) ATTND_TIMELINE(2, 0, true);
         if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, ibuf, pg);
         attnd_cp_async_commit();
         fetch_pages(j + NSTAGES, pg);
@@ -950,6 +981,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     }
 
     // ---- epilogue
+    ATTND_TIMELINE(3, 0, true);
     attnd_cp_async_wait<0>();
     attnd_pdl_trigger(); // the reduce kernel (no tickets) may launch; it waits for this grid
     const bool partial = a.num_segments > 1;
@@ -971,9 +1003,14 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
                                seg, tid);
+    ATTND_TIMELINE(4, 0, true);
+    bool merged = false;
     if (Tr::DECODE && partial && a.tickets)
-        attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start, kvh, tid,
-                                                    Tr::THREADS);
+        merged = attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start,
+                                                             kvh, tid, Tr::THREADS);
+    ATTND_TIMELINE(5, 0, true);
+    ATTND_TIMELINE(6, merged, false);
+    (void)merged;
 }
 
 #undef ATTND_SWZ_OFF
