@@ -73,13 +73,6 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
     // fp8 decode: K fragments straight from the fp8 stage, only V converted (for ldmatrix.trans)
     static constexpr bool K_DIRECT = FP8 && DECODE;
-    // ... and V fragments too (rows of >= 128 bytes): no f16 copy of V, the output's columns
-    // permuted within each 128 (attnd_sm80_pv_v8), undone by the epilogue
-#ifdef ATTND_DECODE_V8
-    static constexpr bool V_DIRECT = K_DIRECT && D_PAD >= 128;
-#else
-    static constexpr bool V_DIRECT = false;
-#endif
     // fp8 decode at head sizes <= 128 ("slim"): 3 stages and registers capped at 168 (the launch
     // bounds of three CTAs per SM), but launched with two CTAs' share of shared memory per SM
     // (SMEM_LAUNCH): three CTAs per SM measured slower where they move the wave boundaries
@@ -98,15 +91,12 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int ROWS_PER_PASS = LOADERS / CPR;
     static constexpr int LOAD_ITERS = LOAD_ROWS / ROWS_PER_PASS;
     // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
-    static constexpr int CONV_BYTES = FP8 && !V_DIRECT ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
+    static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
     // decode: fp8 as many stages as fit next to a second CTA on the SM (~113 KB each; slim:
     // ~74 KB); 16-bit caches 2 (deeper pipelines measured slower: short CTAs wait longer for
     // their first tile)
-#ifndef ATTND_DECODE_SLIM_SHARE_KB // measurements: the slim tiles' share (stages) in KB
-#define ATTND_DECODE_SLIM_SHARE_KB 74
-#endif
-    static constexpr int SM_SHARE = (SLIM ? ATTND_DECODE_SLIM_SHARE_KB : 113) * 1024;
+    static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
     static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
     static constexpr int NSTAGES =
         DECODE && FP8 ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
@@ -130,21 +120,14 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     static_assert(!SLIM || SMEM_BYTES <= SM_SHARE, "slim tiles fit their share");
     static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
-    static_assert(!FP8 || V_DIRECT || ROWS_PER_PASS % 2 == 0, "a loader slot keeps its key");
-    static_assert(!V_DIRECT || (NW == 16 && SUB == 16), "direct V: one k16 step per warp tile");
+    static_assert(!FP8 || ROWS_PER_PASS % 2 == 0, "a loader slot keeps its row parity");
 
-    // Swizzle key of row r of an fp8 stage (rows of >= 8 chunks): odd rows XOR the chunk with 4,
-    // so 16-byte reads of rows r and r + 1 in one quarter-warp (the direct K fragments) hit
-    // distinct banks; with direct V also bits 1-2 of the row into bits 1-2 of the chunk, so rows
-    // 2t, t = 0..3 of one quarter-warp's V reads do too. Rows 8 apart share it.
-    static __device__ __forceinline__ int key(int r)
-    {
-        return CPR < 8 ? 0 : (((r & 1) << 2) ^ (V_DIRECT ? ((r >> 1) & 3) << 1 : 0));
-    }
-    // Byte offset of 16-byte chunk ch of row r in an fp8 stage.
+    // Byte offset of 16-byte chunk ch of row r in an fp8 stage: odd rows XOR the chunk with 4
+    // (rows of >= 8 chunks), so 16-byte reads of rows r and r + 1 in one quarter-warp (the
+    // direct K fragments) hit distinct banks.
     static __device__ __forceinline__ int raw_off(int r, int ch)
     {
-        return r * ROW_RAW + ((ch ^ key(r)) << 4);
+        return r * ROW_RAW + ((ch ^ (CPR >= 8 ? (r & 1) << 2 : 0)) << 4);
     }
 };
 
@@ -215,24 +198,21 @@ __device__ __forceinline__ void attnd_fp8_tiles_to_f16(const unsigned char *rk,
 // of a tile (K and V) from their cache pages into a pipeline stage.
 template <class Tr> struct attnd_kv_loader {
     const unsigned char *kbase, *vbase;
-    int32_t ks0, ks1, kcoff, vs0, vs1, vcoff;   // byte strides / offsets
-    uint32_t spipe, sdst;                       // stage 0's K tile; + this thread's first slot
-    int row0, chunk, bs_mask, nbytes_ok, left0; // left0: bytes of the head from the chunk on
+    int32_t ks0, ks1, kcoff, vs0, vs1, vcoff; // byte strides / offsets
+    uint32_t spipe, sdst;                     // stage 0's K tile; + this thread's first slot
+    int row0, chunk, bs_mask, nbytes_ok;
     bool vec16;
 
     // slot: the thread's index among the LOADERS threads of its tile rows from rbase
     __device__ __forceinline__ void init(const attnd_paged_kargs &a, int slot, int rbase, int kvh,
                                          uint32_t spipe)
     {
-        // direct V: lane (r, c) = (slot / 4, slot % 4) copies chunks c + 4 h of rows r and r + 8
-        // (one swizzle key), pass i = 2 h + (row r + 8)
-        chunk = Tr::V_DIRECT ? slot % 4 : slot % Tr::CPR;
-        row0 = rbase + (Tr::V_DIRECT ? slot / 4 : slot / Tr::CPR);
+        chunk = slot % Tr::CPR;
+        row0 = rbase + slot / Tr::CPR;
         this->spipe = spipe;
         const int elems = Tr::FP8 ? 16 : 8, e0 = chunk * elems;
         const attnd_tensor &k = a.p.k_cache, &v = a.p.v_cache;
-        left0 = ((int)a.p.q.shape[2] - e0) * Tr::KV_BYTES;
-        nbytes_ok = min(max(left0, 0), elems * Tr::KV_BYTES);
+        nbytes_ok = min(max((int)a.p.q.shape[2] - e0, 0), elems) * Tr::KV_BYTES;
         kbase = (const unsigned char *)k.data;
         vbase = (const unsigned char *)v.data;
         ks0 = (int32_t)k.strides[0] * Tr::KV_BYTES;
@@ -251,10 +231,6 @@ template <class Tr> struct attnd_kv_loader {
     // swizzle key, a constant offset from the thread's first slot.
     __device__ __forceinline__ uint32_t slot(int i, int buf) const
     {
-        if (Tr::V_DIRECT)
-            return (spipe + buf * 2 * Tr::TILE_RAW +
-                    (uint32_t)((row0 + 8 * (i & 1)) * Tr::ROW_RAW)) +
-                   (((uint32_t)((chunk ^ Tr::key(row0)) << 4)) ^ (uint32_t)((i >> 1) << 6));
         const int r = row0 + i * Tr::ROWS_PER_PASS;
         return Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
                    ? sdst + buf * 2 * Tr::TILE_RAW + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
@@ -282,7 +258,6 @@ template <class Tr> struct attnd_kv_loader {
     template <bool SAME_STRIDES>
     __device__ __forceinline__ void issue(int t0, int buf, const int *pages) const
     {
-        static_assert(!Tr::V_DIRECT, "direct V: the decode loader (issue_page) only");
 #pragma unroll
         for (int i = 0; i < Tr::LOAD_ITERS; i++) {
             const int r = row0 + i * Tr::ROWS_PER_PASS;
@@ -304,10 +279,6 @@ template <class Tr> struct attnd_kv_loader {
     __device__ __forceinline__ void issue_page(int tw, int lo, int hi, int buf, int pg) const
     {
         static_assert(Tr::DECODE, "decode tiles: a warp's tokens lie in one page");
-        if constexpr (Tr::V_DIRECT) {
-            issue_page_v8<SAME_STRIDES>(tw, lo, hi, buf, pg);
-            return;
-        }
         // rows i with skip <= i * RPP < rem hold keys (and the lane's chunk bytes of the head)
         const int lrow = row0 & (Tr::NW - 1);
         const int rem = pg >= 0 && nbytes_ok > 0 ? hi - tw - lrow : 0, skip = lo - tw - lrow;
@@ -331,34 +302,6 @@ template <class Tr> struct attnd_kv_loader {
                 attnd_cp_async16_if(sk + Tr::TILE_RAW, vi, ok);
             } else {
                 copy(sk, ki, vi, nbytes);
-            }
-        }
-    }
-    // issue_page with direct V's lanes: rows row0 and row0 + 8, chunks chunk + 4 h (bytes of
-    // the head left in each: head_bytes - 16 (chunk + 4 h))
-    template <bool SAME_STRIDES>
-    __device__ __forceinline__ void issue_page_v8(int tw, int lo, int hi, int buf, int pg) const
-    {
-        const int lrow = row0 & (Tr::NW - 1);
-        const int rem = pg >= 0 ? hi - tw - lrow : 0, skip = lo - tw - lrow;
-        const int row = (tw & bs_mask) + lrow;
-        const int pgid = pg >= 0 ? pg : 0;
-        const int64_t koff = attnd_mul_wide(pgid, ks0) + (row * ks1 + kcoff);
-        const int64_t voff =
-            SAME_STRIDES ? koff + (vcoff - kcoff) : attnd_mul_wide(pgid, vs0) + (row * vs1 + vcoff);
-        const unsigned char *ks = kbase + koff, *vs = vbase + voff;
-#pragma unroll
-        for (int i = 0; i < Tr::LOAD_ITERS; i++) {
-            const int r8 = 8 * (i & 1), h = i >> 1;
-            const int nb = r8 < rem && r8 >= skip ? min(max(left0 - 64 * h, 0), 16) : 0;
-            const unsigned char *ki = ks + r8 * ks1 + 64 * h;
-            const unsigned char *vi = vs + r8 * (SAME_STRIDES ? ks1 : vs1) + 64 * h;
-            const uint32_t sk = slot(i, buf);
-            if (vec16) {
-                attnd_cp_async16_if(sk, ki, nb == 16);
-                attnd_cp_async16_if(sk + Tr::TILE_RAW, vi, nb == 16);
-            } else {
-                copy(sk, ki, vi, nb);
             }
         }
     }
@@ -508,14 +451,6 @@ attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::D_PAD / 8][
         const int rbase = wn * Tr::BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
 #pragma unroll
         for (int n = 0; n < Tr::D_PAD / 8; n++) {
-            if (Tr::V_DIRECT) { // n-tile n's column c: head column 128 (n / 16) + 16 c + n % 16
-                const int col = 128 * (n >> 4) + 32 * t4 + (n & 15);
-                eo[rbase * Tr::EPI_STRIDE + col] = o[mt][n][0];
-                eo[rbase * Tr::EPI_STRIDE + col + 16] = o[mt][n][1];
-                eo[(rbase + 8) * Tr::EPI_STRIDE + col] = o[mt][n][2];
-                eo[(rbase + 8) * Tr::EPI_STRIDE + col + 16] = o[mt][n][3];
-                continue;
-            }
             const int col = n * 8 + 2 * t4;
             *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
             *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
@@ -714,17 +649,9 @@ attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::SUB / 8][4],
 {
     typedef typename Tr::TC TC;
     static_assert(Tr::MT == 1 && Tr::K_DIRECT, "decode tiles");
-#ifdef ATTND_DECODE_QK2 // measurements: odd 64-column groups into a second accumulator
-    constexpr int NACC = Tr::D_PAD >= 128 ? 2 : 1;
-#else
-    constexpr int NACC = 1;
-#endif
-    float s2[Tr::SUB / 8][4];
 #pragma unroll
-    for (int n = 0; n < Tr::SUB / 8; n++) {
+    for (int n = 0; n < Tr::SUB / 8; n++)
         s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.0f;
-        s2[n][0] = s2[n][1] = s2[n][2] = s2[n][3] = 0.0f;
-    }
 #pragma unroll
     for (int c = 0; c < Tr::D_PAD / 64; c++) {
         uint4 w[Tr::SUB / 8];
@@ -745,18 +672,10 @@ attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::SUB / 8][4],
 #pragma unroll
             for (int n = 0; n < Tr::SUB / 8; n++) {
                 const uint32_t x = q == 0 ? w[n].x : (q == 1 ? w[n].y : (q == 2 ? w[n].z : w[n].w));
-                attnd_mma<TC>::run(NACC == 2 && (c & 1) ? s2[n] : s[0][n], af,
-                                   attnd_fp8x2_to_half2((uint16_t)(x & 0xffffu)),
+                attnd_mma<TC>::run(s[0][n], af, attnd_fp8x2_to_half2((uint16_t)(x & 0xffffu)),
                                    attnd_fp8x2_to_half2((uint16_t)(x >> 16)));
             }
         }
-    }
-    if (NACC == 2) {
-#pragma unroll
-        for (int n = 0; n < Tr::SUB / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[0][n][e] += s2[n][e];
     }
 }
 
@@ -785,54 +704,6 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
             for (int mt = 0; mt < Tr::MT; mt++) {
                 attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
                 attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
-// O += P V with V fragments straight from the fp8 stage (Tr::V_DIRECT; 16 keys). P V sums over
-// the keys, so lane (g, t) needs keys 2t, 2t + 1, 2t + 8, 2t + 9 of any one output column per
-// n-tile; it reads 16 bytes of each of those rows (chunk 8 h + g) and n-tile 16 h + b takes byte
-// b of them: n-tile j's column c is head column 128 (j / 16) + 16 c + j % 16, a permutation that
-// attnd_sm80_stash undoes. v_a: the warp's first V row in the stage.
-template <class Tr>
-__device__ __forceinline__ void attnd_sm80_pv_v8(float (&o)[1][Tr::D_PAD / 8][4],
-                                                 const float (&s)[1][Tr::SUB / 8][4], uint32_t v_a,
-                                                 int lane)
-{
-    static_assert(Tr::V_DIRECT && Tr::MT == 1 && Tr::SUB == 16, "decode tiles, one k16 step");
-    const int g = lane >> 2, t = lane & 3;
-    uint32_t pa[4];
-    pa[0] = attnd_tc<__half>::pack(s[0][0][0], s[0][0][1]);
-    pa[1] = attnd_tc<__half>::pack(s[0][0][2], s[0][0][3]);
-    pa[2] = attnd_tc<__half>::pack(s[0][1][0], s[0][1][1]);
-    pa[3] = attnd_tc<__half>::pack(s[0][1][2], s[0][1][3]);
-    // rows 2t and 2t + 8 share key 2t, rows 2t + 1 and 2t + 9 key 2t ^ 4 (Tr::key)
-    const uint32_t ev = v_a + (uint32_t)(2 * t * Tr::ROW_RAW) + (uint32_t)((g ^ (2 * t)) << 4);
-    const uint32_t od =
-        v_a + (uint32_t)((2 * t + 1) * Tr::ROW_RAW) + (uint32_t)((g ^ (2 * t) ^ 4) << 4);
-#pragma unroll
-    for (int h = 0; h < Tr::ROW_RAW / 128; h++) {
-        const uint4 w0 = attnd_lds128(ev + 128 * h), w1 = attnd_lds128(od + 128 * h);
-        const uint4 w2 = attnd_lds128(ev + 8 * Tr::ROW_RAW + 128 * h);
-        const uint4 w3 = attnd_lds128(od + 8 * Tr::ROW_RAW + 128 * h);
-        const uint32_t a0[4] = {w0.x, w0.y, w0.z, w0.w}, a1[4] = {w1.x, w1.y, w1.z, w1.w};
-        const uint32_t a2[4] = {w2.x, w2.y, w2.z, w2.w}, a3[4] = {w3.x, w3.y, w3.z, w3.w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            // bytes k of rows (2t, 2t + 1) and (2t + 8, 2t + 9) side by side: pairs of keys
-            const uint32_t lo01 = __byte_perm(a0[q], a1[q], 0x5140);
-            const uint32_t hi01 = __byte_perm(a0[q], a1[q], 0x7362);
-            const uint32_t lo23 = __byte_perm(a2[q], a3[q], 0x5140);
-            const uint32_t hi23 = __byte_perm(a2[q], a3[q], 0x7362);
-            const uint32_t p01[2] = {lo01, hi01}, p23[2] = {lo23, hi23};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const uint32_t x = p01[k >> 1], y = p23[k >> 1];
-                const uint16_t bx = (uint16_t)(k & 1 ? x >> 16 : x & 0xffffu);
-                const uint16_t by = (uint16_t)(k & 1 ? y >> 16 : y & 0xffffu);
-                attnd_mma<__half>::run(o[0][16 * h + 4 * q + k], pa, attnd_fp8x2_to_half2(bx),
-                                       attnd_fp8x2_to_half2(by));
             }
         }
     }
@@ -900,14 +771,14 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     const int32_t *bt =
         (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
     const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
-    // decode: the first stages' page ids loaded before the sequence's length is known, for the
-    // range a sequence of max_seq_len keys would have (used only where the range agrees); reads
-    // stay in the table's row
+    // decode: the first stages' page ids are loaded before the sequence's length, for the range
+    // a sequence of max_seq_len keys would have, and used where the real range starts at the same
+    // key (a batch of equal lengths: always), so the K/V copies wait for one trip to memory, not
+    // two; the reads stay in the block table's row
     int spec_lo = -1, spec_pg[Tr::NSTAGES];
 #pragma unroll
     for (int s = 0; s < Tr::NSTAGES; s++)
         spec_pg[s] = -1;
-#ifdef ATTND_DECODE_SPEC_PAGES
     if (kPagePerWarp && a.direct && p.sliding_window <= 0 && p.max_seq_len > 0) {
         int l = 0;
         if (a.num_segments > 1) {
@@ -921,7 +792,6 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             spec_pg[s] = b < (int)p.block_tables.shape[1] ? __ldg(bt + b * bt_s1) : -1;
         }
     }
-#endif
     const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
     const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
     const int rows_total = sq_.q_len * g;
@@ -1068,10 +938,8 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
         }
     }
     // fp8 decode: this lane's K row (g8 of the warp's first n-tile) in a stage, and its swizzle
-    // (chunk t4 + 4 c of row g8: (t4 ^ key % 4) + 4 (c ^ key / 4), rows 8 apart share the key)
-    const uint32_t k8_lane =
-        (uint32_t)((wn * NW + g8) * Tr::ROW_RAW + 16 * (t4 ^ (Tr::key(g8) & 3)));
-    const uint32_t k8_x = (uint32_t)((Tr::key(g8) >> 2) << 6);
+    const uint32_t k8_lane = (uint32_t)((wn * NW + g8) * Tr::ROW_RAW + 16 * t4);
+    const uint32_t k8_x = (uint32_t)(Tr::CPR >= 8 ? (g8 & 1) << 6 : 0);
 
     float o[MT][D_PAD / 8][4];
 #pragma unroll
@@ -1121,9 +989,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
 
             // S = Q K^T (MT x 16 rows x SUB tokens)
             float s[MT][SUB / 8][4];
-            if constexpr (Tr::V_DIRECT) {
-                attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, kt_a + k8_lane, k8_x);
-            } else if constexpr (Tr::K_DIRECT) {
+            if constexpr (Tr::K_DIRECT) {
                 // decode: K straight from the fp8 stage; the warp converts its own V rows
                 // (SUB == NW) for ldmatrix.trans
                 __syncwarp();
@@ -1140,10 +1006,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
 
             // O += P V
-            if constexpr (Tr::V_DIRECT)
-                attnd_sm80_pv_v8<Tr>(o, s, vt_a + (uint32_t)(wn * NW * Tr::ROW_RAW), lane);
-            else
-                attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
+            attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
         } // h
         buf = buf + 1 == NSTAGES ? 0 : buf + 1;
     }
