@@ -13,7 +13,9 @@ run_ahead); attnd-stream-graph (the same, with the decode
 step's forward captured once in a CUDA graph and replayed each step, only StreamBegin / StreamEnd
 on the host, each replay launched one step ahead); attnd-generator-graph (the product's path:
 attnd.transformers.Generator(cuda_graphs=True): replays queued one behind the other, each
-step's tokens to the host while the next runs). The fair pairs:
+step's tokens to the host while the next runs); attnd-stream~sdpa-static (both eager
+decodes in one run, their steps taken in turn: the pair's host-bound steps share the machine's
+state, which drifts between whole runs). The fair pairs:
 attnd-stream / sdpa-static, attnd-stream-graph / sdpa-static-graph.
 
 --repeat N runs every impl N times, alternating (impl order rotated each round), after
@@ -39,6 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 import attnd
+import attnd.generate
 import attnd.transformers as at
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -174,12 +177,12 @@ def run_attnd(model: Any, client: attnd.Client, ids: torch.Tensor, new: int,
 
 class GraphDecode:
     """bench's own decode loop over the Generator's decode forward of B sequences
-    (attnd.transformers._Decode: one token each, packed, the stream channel's per-layer handoff
+    (attnd.generate._Decode: one token each, packed, the stream channel's per-layer handoff
     inside, capturable): the tokens never leave the GPU and each replay runs one step ahead."""
 
     def __init__(self, gen: at.Generator, seqs: list, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.d = at._Decode(gen, len(seqs), dtype, device)
+        self.d = attnd.generate._Decode(gen, len(seqs), dtype, device)
         self.ch = gen._channel
         self.pairs = [(s.seq_id, 1) for s in seqs]
         self.pending: attnd.StreamStep | None = None
@@ -270,8 +273,52 @@ def run_attnd_graph(model: Any, client: attnd.Client, ids: torch.Tensor,
             "step": step}
 
 
+def run_interleaved(model: Any, c: attnd.Client, ids: torch.Tensor,
+                    new: int) -> dict[str, float]:
+    """attnd-stream's and sdpa-static's eager decode steps in turn, one for one (which goes
+    first alternates), each model's steps on its own cache: host-bound steps whose machine state
+    drifts by +-20% from round to round compare within a step pair. Walls of the steps after the
+    first two and before the last two (the Generator's unchained first and last steps)."""
+    b, p = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=(p + new + 1 + 63) // 64 * 64)
+    tok = torch.empty((b, 1), dtype=torch.long, device=ids.device)
+    model.config._attn_implementation = at.NAME
+    with at.Generator(model, c, max_step_tokens=ids.numel(), stream=True,
+                      run_ahead=True) as gen, torch.inference_mode():
+        model.config._attn_implementation = SDPA_FOLD
+        logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        model.config._attn_implementation = at.NAME
+        for row in ids:
+            gen.add(row.tolist(), new + 1)
+        t0 = sync_time()
+        gen.step()
+        t1 = sync_time()
+
+        def sdpa_step() -> None:
+            nonlocal logits
+            tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+            logits = model(tok, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+
+        steps = {"attnd": (at.NAME, gen.step), "sdpa": (SDPA_FOLD, sdpa_step)}
+        walls: dict[str, list[float]] = {"attnd": [], "sdpa": []}
+        for k in range(new):
+            for name in ("attnd", "sdpa") if k % 2 == 0 else ("sdpa", "attnd"):
+                model.config._attn_implementation, step = steps[name]
+                t = time.perf_counter()
+                step()
+                walls[name].append(time.perf_counter() - t)
+        gen.flush()
+        torch.cuda.synchronize()
+    mine, base = walls["attnd"][2:-2], walls["sdpa"][2:-2]
+    return {"prefill_s": t1 - t0, "decode_tok_s": b / statistics.median(mine),
+            "interleaved_sdpa_decode_tok_s": b / statistics.median(base),
+            "interleaved_decode_vs_sdpa-static": statistics.median(base) / statistics.median(mine),
+            "interleaved_step_pair_ratio_median": statistics.median(
+                x / y for x, y in zip(base, mine))}
+
+
 IMPLS = ("sdpa", "sdpa-static", "sdpa-static-graph", "attnd", "attnd-stream",
-         "attnd-stream-graph", "attnd-generator-graph")
+         "attnd-stream-graph", "attnd-generator-graph", "attnd-stream~sdpa-static")
 
 
 def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> dict[str, float]:
@@ -283,6 +330,8 @@ def run(impl: str, model: Any, c: attnd.Client, ids: torch.Tensor, new: int) -> 
         return run_attnd_graph(model, c, ids, new)
     if impl == "attnd-generator-graph":  # the product's path
         return run_attnd(model, c, ids, new, stream=True, graphs=True)
+    if impl == "attnd-stream~sdpa-static":
+        return run_interleaved(model, c, ids, new)
     return run_attnd(model, c, ids, new, stream=impl == "attnd-stream")
 
 
@@ -313,6 +362,9 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                          "prefill_s": statistics.median(r["prefill_s"] for r in ok),
                          "decode_tok_s": statistics.median(r["decode_tok_s"] for r in ok),
                          "decode_runs": [round(r["decode_tok_s"], 1) for r in ok]}
+            for key in (k for k in ok[0] if k.startswith("interleaved_")):
+                med[impl][key] = statistics.median(r[key] for r in ok)
+                med[impl][f"{key}_runs"] = [round(r[key], 3) for r in ok]
         for mine, base in PAIRS:
             if mine in med and base in med:
                 med[mine][f"decode_vs_{base}"] = (med[mine]["decode_tok_s"]

@@ -275,6 +275,73 @@ static const char *g_only;
 static int g_offs[MAX_OFFS], g_noffs; /* --off: the sm90 variants (masks) to run */
 static int g_ab;                      /* --ab: decode splits timed with the reduce kernel too */
 
+#ifdef ATTND_DECODE_TIMELINE
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A builds-only look at one launch's CTAs (kernels built with ATTND_DECODE_TIMELINE): after a
+ * warm-up over the sets, one launch records per CTA its SM, start, first tile in, warp 0's loop
+ * done, partials stored, end and whether it merged; quantiles of each (us from the first start)
+ * are printed and every CTA written to $TIMELINE_DIR/timeline_NAME.csv when set. */
+static void timeline_case(set *sets, int nsets, int segments, int batch, const char *name)
+{
+    attnd_cuda *c = attnd_cuda_of(g_b);
+    const size_t ctas = (size_t)batch * HK * (size_t)segments;
+    unsigned long long *h = malloc(ctas * 8 * sizeof *h);
+    void *d = NULL;
+    ATTND_CHECK(attnd_backend_alloc(g_b, ctas * 8 * sizeof *h, &d), g_b);
+    for (int i = 0; i < 2 * nsets; i++) {
+        int last = i == 2 * nsets - 1;
+        if (last) {
+            ATTND_CHECK_CUDA(cudaMemsetAsync(d, 0, ctas * 8 * sizeof *h, g_stream));
+            c->decode_timeline = (unsigned long long *)d;
+        }
+        ATTND_CHECK(attnd_paged_attention_3d(g_b, &sets[i % nsets].p, segments, sets[i % nsets].ws),
+                    g_b);
+    }
+    ATTND_CHECK(attnd_backend_sync(g_b), g_b);
+    c->decode_timeline = NULL;
+    ATTND_CHECK_CUDA(cudaMemcpy(h, d, ctas * 8 * sizeof *h, cudaMemcpyDeviceToHost));
+    attnd_backend_free(g_b, d);
+    unsigned long long t0 = ~0ull;
+    for (size_t i = 0; i < ctas; i++)
+        if (h[i * 8 + 1] && h[i * 8 + 1] < t0) t0 = h[i * 8 + 1];
+    const char *dir = getenv("TIMELINE_DIR");
+    FILE *f = NULL;
+    if (dir) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/timeline_%s.csv", dir, name);
+        f = fopen(path, "w");
+        if (f) fprintf(f, "cta,sm,start,first,loop,stored,end,merged\n");
+    }
+    int64_t *col = malloc(ctas * sizeof *col);
+    static const char *what[] = {"start", "first tile", "loop done", "stored", "end"};
+    printf("    timeline %s: %zu CTAs, us from the first start (min p10 p50 p90 max):\n", name,
+           ctas);
+    for (int k = 1; k <= 5; k++) {
+        for (size_t i = 0; i < ctas; i++)
+            col[i] = h[i * 8 + k] ? (int64_t)(h[i * 8 + k] - t0) : -1;
+        qsort(col, ctas, sizeof *col, cmp_i64);
+        printf("      %-10s %7.2f %7.2f %7.2f %7.2f %7.2f\n", what[k - 1], col[0] / 1e3,
+               col[ctas / 10] / 1e3, col[ctas / 2] / 1e3, col[ctas * 9 / 10] / 1e3,
+               col[ctas - 1] / 1e3);
+    }
+    for (size_t i = 0; f && i < ctas; i++) {
+        const unsigned long long *r = h + i * 8;
+        fprintf(f, "%zu,%llu", i, r[0]);
+        for (int k = 1; k <= 5; k++)
+            fprintf(f, ",%lld", r[k] ? (long long)(r[k] - t0) : -1ll);
+        fprintf(f, ",%llu\n", r[6]);
+    }
+    if (f) fclose(f);
+    free(col);
+    free(h);
+}
+#endif
+
 static int selected(const char *kind, const char *dt, int batch, int n)
 {
     char key[96];
@@ -319,6 +386,13 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
             attnd_cuda_of(g_b)->split_reduce = 0;
             printf("    ab segs=%-4d tickets %8.4f ms  reduce %8.4f ms\n", chosen, t[0], t[1]);
         }
+#ifdef ATTND_DECODE_TIMELINE
+    {
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s-%dx%d", attnd_dtype_name(cache_dt), batch, ctx);
+        timeline_case(sets, nsets, chosen, batch, tag);
+    }
+#endif
     if (sweep) {
         int nb = (ctx + BS - 1) / BS;
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++) {

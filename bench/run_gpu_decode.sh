@@ -9,8 +9,11 @@
 # ../shared/anchors/bench_anchors.py) and ncu of each BUILD:CASE in PROF ("profile": speed of
 # light, warp states with every stall reason, occupancy, instruction and memory statistics, SM
 # active cycles min / avg / max; PROF_EXTRA: more ncu arguments, e.g. "--section PmSampling" for
-# DRAM throughput and warps over the kernel's duration, not yet run). Prints a summary last and leaves all.txt and logs.tgz in $OUT
-# (a call returns only a few files).
+# DRAM throughput and warps over the kernel's duration, not yet run); a per-CTA timeline of the
+# cases in TL_ONLY from build TL (one built with -DATTND_DECODE_TIMELINE: "timeline", CSVs in
+# logs.tgz); ncu source counters with the stall samples of every SASS instruction of each
+# BUILD:CASE in SRCPROF ("srcprof", CSVs in logs.tgz). Prints a summary last and leaves all.txt
+# and logs.tgz in $OUT (a call returns only a few files).
 # Stage here (bench_paged_NAME of each build, gpu_paged_NAME where the build has it; e2e/ from
 # the first build that has gpu_daemon_e2e):
 #   bash bench/run_gpu_decode.sh --stage DEST fold=build-d base=build-base
@@ -62,6 +65,35 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
         timeout 60 $gp --reduced >"$out/smoke.log" 2>&1
         rc=$?; echo "rc=$rc"; grep -E "FAIL|gpu_paged:" "$out/smoke.log" | head -20
         [ $rc -ne 0 ] && { echo "smoke failed: stopping"; exit 0; } ;;
+    smokes)
+        # SMOKES: more builds' gpu_paged --reduced, side by side (a failing one is named, not fatal)
+        for m in ${SMOKES:-}; do
+            timeout 60 $D/gpu_paged_$m --reduced >"$out/smoke_$m.log" 2>&1 &
+        done
+        wait
+        for m in ${SMOKES:-}; do
+            echo "-- smoke $m"; grep -aE "FAIL|^gpu_paged:" "$out/smoke_$m.log" | head -8
+        done ;;
+    timeline)
+        for c in ${TL_ONLY:-decode-bf16-1x32768}; do
+            echo "== timeline $c (bench_paged_${TL:-tl})"
+            TIMELINE_DIR=$out timeout 45 $D/bench_paged_${TL:-tl} --only $c --quick >"$out/tl_$c.log" 2>&1
+            echo "rc=$?"; grep -A6 -E "^decode|timeline" "$out/tl_$c.log" | head -9
+        done ;;
+    srcprof)
+        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        for bc in ${SRCPROF:-}; do
+            b=${bc%%:*} c=${bc#*:}
+            echo "== ncu source counters $c (bench_paged_$b)"
+            timeout 90 $ncu --clock-control none --kernel-name regex:"attnd_paged_kernel" --launch-skip 10 \
+                --launch-count 1 --section SourceCounters --section WarpStateStats -f -o "$out/src_${b}_$c" \
+                $D/bench_paged_$b --only $c --quick >"$out/src_${b}_$c.log" 2>&1
+            echo "rc=$?"
+            timeout 60 $ncu --import "$out/src_${b}_$c.ncu-rep" --page source --csv --print-source sass \
+                >"$out/src_${b}_$c.csv" 2>&1
+            echo "rc=$? $(wc -l <"$out/src_${b}_$c.csv") lines"
+            rm -f "$out/src_${b}_$c.ncu-rep"
+        done ;;
     full)
         echo "== full grid ($gp)"
         timeout 100 $gp >"$out/full.log" 2>&1
@@ -149,5 +181,5 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
 done 2>&1 | tee "$out/all.txt"
 echo "==== SUMMARY"
 grep -aE "^== |^-- |^rc=|FAIL|gpu_paged:|gpu_daemon_e2e:|ERROR SUMMARY|RACECHECK SUMMARY|^case=" "$out/all.txt" | head -60
-(cd "$out" && tar czf logs.tgz *.log *.txt 2>/dev/null && rm -f *.log decode_anchors.py anchors.json)
+(cd "$out" && tar czf logs.tgz *.log *.txt *.csv 2>/dev/null && rm -f *.log *.csv decode_anchors.py anchors.json)
 exit 0

@@ -10,7 +10,9 @@
 #   4. bench/bench_hf.py: the Llama-3-8B-shaped model, SDPA (DynamicCache; StaticCache eager and
 #      with the decode step captured in a CUDA graph) vs attnd (Attend), attnd over a stream
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
-#      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y).
+#      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y);
+#      PIN=1 runs the daemon on cores 8-11 and the bench on cores 2-5 (taskset).
+#   6. client/python/tests/test_transformers.py and test_rotary.py against the CUDA daemon;
 #   5. bench/sdpa_decode.py: one layer in process (SDPA, its cache write, attnd's worker copies)
 #      at $LAYER_SHAPES (decode B:CTX, prefill pB:CTX; default: both at 32x2048 and 16x1024).
 # STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
@@ -70,7 +72,7 @@ PY
 
 start_daemon() {  # config, log [binary] -> $daemon_pid
   rm -f "$sock"
-  "${3:-$dir/attnd}" --config "$1" >"$2" 2>&1 &
+  $PIN_DAEMON "${3:-$dir/attnd}" --config "$1" >"$2" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 300); do [ -S "$sock" ] && return 0; sleep 0.1; done
   cat "$2"; return 1
@@ -94,13 +96,25 @@ step_1() {
     "$out/test_stream_cuda.log" | head -30
 }
 
+step_6() {
+  echo "== 6. test_transformers.py and test_rotary.py, CUDA daemon, MPS"
+  ATTND_TEST_BACKEND=cuda ATTND_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -rfs \
+    -p no:cacheprovider "$dir/python/tests/test_transformers.py" "$dir/python/tests/test_rotary.py" \
+    >"$out/test_transformers_cuda.log" 2>&1
+  echo "rc=$?"; tail -6 "$out/test_transformers_cuda.log"
+}
+
 step_4() {
   echo "== 4. bench_hf.py, MPS, ${REPEAT:-3} alternated repeats after a warm-up round"
   start_daemon "$out/attnd_bench.json" "$out/attnd_bench.log" || return 1
-  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-240}" python3 "$dir/bench_hf.py" --url "ipc://$sock" \
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv \
+    -lms 500 >"$out/clocks.csv" 2>&1 &
+  local smi=$!
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-240}" $PIN_BENCH python3 "$dir/bench_hf.py" --url "ipc://$sock" \
     --label mps --repeat "${REPEAT:-3}" --json "$out/bench_hf_mps.json" ${BENCH_ARGS:-} \
     >"$out/bench_hf.log" 2>&1
   echo "rc=$?"; grep -E "^median|error|Error" "$out/bench_hf.log" | cut -c1-400
+  kill "$smi" 2>/dev/null
   stop_daemon
   grep -a -E "event=stream_release|device_failed|level=error" "$out/attnd_bench.log" | head -5
 }
@@ -163,6 +177,9 @@ run() {
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d && echo "MPS control daemon started"
 
+  # PIN=1: the daemon and the bench each on cores of their own (host-bound eager runs)
+  PIN_DAEMON= PIN_BENCH=
+  [ -n "${PIN:-}" ] && PIN_DAEMON="taskset -c 8-11" PIN_BENCH="taskset -c 2-5"
   sock=/tmp/attnd-stream.sock
   daemon_config 32 6144 "$sock" >"$out/attnd_stream.json"
   daemon_config 32 4608 "$sock" >"$out/attnd_bench.json"

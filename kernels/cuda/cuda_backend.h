@@ -40,6 +40,9 @@ typedef struct attnd_cuda {
     unsigned *tickets;         /* the home stream's; NULL until needed */
     unsigned **stream_tickets; /* the selected stream's slot (stream.cu); NULL: the home one */
     int split_reduce; /* tests and benches: 1 merges split-KV partials with the reduce kernel */
+    /* benches, in builds with ATTND_DECODE_TIMELINE only: 3D decode launches record 8 words per
+     * CTA here (paged/mainloop_sm80.cuh); NULL: none */
+    unsigned long long *decode_timeline;
 } attnd_cuda;
 
 /* Tickets per stream: a split launch with more (q-block, kv head) pairs uses the reduce kernel. */

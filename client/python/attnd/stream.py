@@ -65,6 +65,11 @@ def _identity(x: Any) -> Any:
     return (id(x), x.__array_interface__["data"][0], x.shape, x.strides)
 
 
+def _view(x: Any) -> tuple[Any, ...]:
+    """The memory a tensor or array names: its address, shape and strides."""
+    return _identity(x)[1:]
+
+
 def stream_ptr(stream: Any) -> Any:
     """The CUstream of a torch.cuda.Stream (None: torch's current one) as a void *."""
     if isinstance(stream, int):
@@ -94,6 +99,8 @@ class StreamChannel:
         self._last_layer: tuple[Any, Any, tuple[Any, ...]] | None = None
         self._last_seqs: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self.attended = 0  # attend() calls
+        self.copied = 0  # tensors attend() copied into a step's q/k/v (not written in place)
 
     @property
     def id(self) -> int:
@@ -195,8 +202,16 @@ class StreamChannel:
         """One layer on stream (torch's current one by default): q/k/v copied into the step's
         tensors when given (they are queued on the same stream), signal, wait; returns the
         step's out (or copies it into out). Capturable in a CUDA graph."""
-        for src, dst in ((q, step.q), (k, step.k), (v, step.v)):
-            if src is not None and src is not dst:
+        pairs = [(d, s) for d, s in ((step.q, q), (step.k, k), (step.v, v))
+                 if s is not None and _view(s) != _view(d)]  # not written in place already
+        self.attended += 1
+        self.copied += len(pairs)
+        if pairs and all(hasattr(d, "copy_") for d, _ in pairs):
+            import torch  # one launch for the three copies (per-tensor copies where it must)
+
+            torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+        else:
+            for dst, src in pairs:
                 _copy(dst, src)
         self._client._check(self._lib.attnd_client_attend_async(self._s, layer,
                                                                 self._stream(stream)))

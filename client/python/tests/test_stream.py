@@ -285,7 +285,8 @@ def tiny_llama() -> tuple:
 
 def test_generator_through_a_stream_channel_matches_attend():
     """attnd.transformers.Generator with its layers handed over on the stream channel: the same
-    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode); also
+    tokens and logits, bit for bit, as through Client.attend (prefill in chunks, decode), its
+    rotary embedding writing q and k straight into the step's tensors (attnd.rotary); also
     with run_ahead (each decode step queued behind the last, fed its tokens on the device, its
     StreamEnd and the next StreamBegin on the channel's thread)."""
     import torch
@@ -303,6 +304,8 @@ def test_generator_through_a_stream_channel_matches_attend():
                 gen.run()
                 assert (gen._channel is not None) == stream
                 assert (gen.chained > 0) == ahead  # decode steps queued behind the last
+                if stream:  # q and k rotated straight into the step's tensors: v copied alone
+                    assert gen._channel.copied == gen._channel.attended > 0
                 runs.append(seqs)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
@@ -339,8 +342,12 @@ def test_run_ahead_a_failed_begin_releases_and_raises():
 def test_decode_graphs_replay_the_eager_steps():
     """Generator(cuda_graphs=True): decode steps of a batch size seen before replay a captured
     CUDA graph, the next replay queued behind the last and fed its tokens on the GPU while the
-    batch stays the same; the same tokens as the eager steps, logits within float rounding.
-    Without a CUDA stream channel the option is refused."""
+    batch stays the same; the same tokens as the eager steps, logits within float rounding; a
+    replayed step is still on the GPU when step() returns (its tokens reach the host by a copy
+    queued before the next step, not by a read that waits for it). Without a CUDA stream channel
+    the option is refused."""
+    import torch
+
     import attnd.transformers as at
 
     model, geometry, prompts = tiny_llama()
@@ -356,8 +363,12 @@ def test_decode_graphs_replay_the_eager_steps():
             with at.Generator(model, c, max_step_tokens=32, keep_logits=True,
                               cuda_graphs=graphs) as gen:
                 seqs = [gen.add(p, 12) for p in prompts]
-                gen.run()
+                busy = []
+                while gen.step():
+                    busy.append(gen._ahead is not None
+                                and not torch.cuda.current_stream().query())
                 runs.append(seqs)
+                assert any(busy) == graphs
                 assert any(x.graph is not None for x in gen._decodes.values()) == graphs
                 assert (gen.chained > 0) == graphs  # replays fed their tokens on the GPU
     for a, b in zip(*runs):

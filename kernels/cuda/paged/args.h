@@ -31,6 +31,9 @@ typedef struct attnd_paged_kargs {
     float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
     unsigned *tickets; /* 3D: one per (q-block, kv head); the CTA that stores the last segment of
                           its pair merges the partials (NULL: the reduce kernel does) */
+#ifdef ATTND_DECODE_TIMELINE
+    unsigned long long *timeline; /* benches: per-CTA %globaltimer records (mainloop_sm80.cuh) */
+#endif
 } attnd_paged_kargs;
 
 #endif

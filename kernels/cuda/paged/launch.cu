@@ -337,6 +337,9 @@ extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_par
         a.ws_l = a.ws_m + rows;
         a.tickets = split_tickets(c, p, a.group);
     }
+#ifdef ATTND_DECODE_TIMELINE
+    a.timeline = c->decode_timeline;
+#endif
     attnd_paged_launch l;
     attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
     cudaError_t e = paged_run(ATTND_CORE_SM80_DECODE, p->q.shape[2], kv, a, l);

@@ -711,6 +711,28 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
 
 // ------------------------------------------------------------------ kernel
 
+// Bench-only timeline (builds with ATTND_DECODE_TIMELINE): thread 0 of each decode CTA writes 8
+// words at CTA (z * gridDim.y + y) * gridDim.x + x: 0 SM id, 1 start, 2 first tile in, 3 its
+// warp's loop done, 4 every warp's partial stored, 5 end, 6 1 if it merged its pair.
+#ifdef ATTND_DECODE_TIMELINE
+__device__ __forceinline__ void attnd_timeline(const attnd_paged_kargs &a, int slot,
+                                               unsigned long long v, bool stamp)
+{
+    if (a.timeline == NULL || threadIdx.x != 0) return;
+    if (stamp) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    a.timeline[cta * 8 + slot] = v;
+}
+#define ATTND_TIMELINE(slot, v, stamp)                                                             \
+    do {                                                                                           \
+        if (Tr::DECODE) attnd_timeline(a, slot, v, stamp);                                         \
+    } while (0)
+#else
+#define ATTND_TIMELINE(slot, v, stamp)                                                             \
+    do {                                                                                           \
+    } while (0)
+#endif
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     attnd_paged_kernel(const attnd_paged_kargs a)
@@ -723,6 +745,14 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     extern __shared__ __align__(128) unsigned char attnd_smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    ATTND_TIMELINE(1, 0, true);
+#ifdef ATTND_DECODE_TIMELINE
+    {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        ATTND_TIMELINE(0, smid, false);
+    }
+#endif
     const int wm = Tr::WARPS_N == 1 ? warp : 0;
     const int wn = Tr::WARPS_N == 1 ? 0 : warp;
     const int g = a.group;
@@ -733,6 +763,35 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     const int kvh = blockIdx.y, seg = blockIdx.z;
     int seq, qb_local;
     if (!attnd_sm80_cta_rows<Tr>(a, qb, &seq, &qb_local)) return;
+#ifdef ATTND_DECODE_ROW_PAGES
+    constexpr bool kPagePerWarp = false; // the row-by-row page lookup (measurements only)
+#else
+    constexpr bool kPagePerWarp = Tr::DECODE;
+#endif
+    const int32_t *bt =
+        (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
+    const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
+    // decode: the first stages' page ids are loaded before the sequence's length, for the range
+    // a sequence of max_seq_len keys would have, and used where the real range starts at the same
+    // key (a batch of equal lengths: always), so the K/V copies wait for one trip to memory, not
+    // two; the reads stay in the block table's row
+    int spec_lo = -1, spec_pg[Tr::NSTAGES];
+#pragma unroll
+    for (int s = 0; s < Tr::NSTAGES; s++)
+        spec_pg[s] = -1;
+    if (kPagePerWarp && a.direct && p.sliding_window <= 0 && p.max_seq_len > 0) {
+        int l = 0;
+        if (a.num_segments > 1) {
+            const int nblk = (p.max_seq_len + (1 << a.bs_log2) - 1) >> a.bs_log2;
+            l = seg * ((nblk + a.num_segments - 1) / a.num_segments) << a.bs_log2;
+        }
+        spec_lo = l;
+#pragma unroll
+        for (int s = 0; s < Tr::NSTAGES; s++) {
+            const int b = (l + s * BLOCK_N + wn * Tr::NW) >> a.bs_log2;
+            spec_pg[s] = b < (int)p.block_tables.shape[1] ? __ldg(bt + b * bt_s1) : -1;
+        }
+    }
     const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
     const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
     const int rows_total = sq_.q_len * g;
@@ -748,11 +807,6 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // decode: tiles from a multiple of 16 (segments start at whole blocks; a window's lower end
     // is rounded down, the keys below it zero-filled and masked), so each warp's 16 tokens of a
     // tile lie in one page
-#ifdef ATTND_DECODE_ROW_PAGES
-    constexpr bool kPagePerWarp = false; // the row-by-row page lookup (measurements only)
-#else
-    constexpr bool kPagePerWarp = Tr::DECODE;
-#endif
     static_assert(!kPagePerWarp || Tr::NW == 16, "a warp's tokens of a tile: one page");
     if (kPagePerWarp) lo &= ~15;
     const int ntiles = lo_keys < hi ? (hi - lo + BLOCK_N - 1) / BLOCK_N : 0;
@@ -785,9 +839,6 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // Byte offsets within a page fit 32 bits (checked by the host); page * stride is 32x32->64.
     attnd_kv_loader<Tr> ld;
     ld.init(a, Tr::DECODE ? lane : tid, Tr::DECODE ? wn * NW : 0, kvh, spipe_a);
-    const int32_t *bt =
-        (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
-    const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
     const int bs_log2 = a.bs_log2;
     const int32_t nblocks32 = a.nblocks32;
     const bool kv_same = a.kv_same != 0;
@@ -815,6 +866,16 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             }
         }
     };
+    // the prologue's stages (s unrolled): the page ids loaded ahead where the range agrees
+    auto fetch_first = [&](int s, int *out) {
+        if (kPagePerWarp && lo == spec_lo) {
+            const int tw = lo + s * BLOCK_N + wn * NW;
+            int pgid = s < ntiles && tw < hi ? spec_pg[s] : -1;
+            out[0] = (unsigned)pgid < (unsigned)nblocks32 ? pgid : -1;
+        } else {
+            fetch_pages(s, out);
+        }
+    };
     auto issue_stage = [&](int stage, int buf, const int *pages) {
         if constexpr (kPagePerWarp) {
             const int tw = lo + stage * BLOCK_N + wn * NW;
@@ -834,13 +895,13 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
         int pro[NSTAGES - 1][LOAD_ITERS];
 #pragma unroll
         for (int s = 0; s < NSTAGES - 1; s++)
-            fetch_pages(s, pro[s]);
+            fetch_first(s, pro[s]);
 #pragma unroll
         for (int s = 0; s < NSTAGES - 1; s++) {
             if (s < ntiles) issue_stage(s, s, pro[s]);
             attnd_cp_async_commit();
         }
-        fetch_pages(NSTAGES - 1, pg);
+        fetch_first(NSTAGES - 1, pg);
     }
 
     // ---- Q tile -> shared (compute type, swizzled), zero outside rows / head size
@@ -901,6 +962,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             __syncwarp(); // the warp's own rows: loaded by it, read by it
         else
             __syncthreads();
+        if (j == 0) ATTND_TIMELINE(2, 0, true);
         if (j + NSTAGES - 1 < ntiles) issue_stage(j + NSTAGES - 1, ibuf, pg);
         attnd_cp_async_commit();
         fetch_pages(j + NSTAGES, pg);
@@ -950,6 +1012,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     }
 
     // ---- epilogue
+    ATTND_TIMELINE(3, 0, true);
     attnd_cp_async_wait<0>();
     attnd_pdl_trigger(); // the reduce kernel (no tickets) may launch; it waits for this grid
     const bool partial = a.num_segments > 1;
@@ -971,9 +1034,14 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
                                seg, tid);
+    ATTND_TIMELINE(4, 0, true);
+    bool merged = false;
     if (Tr::DECODE && partial && a.tickets)
-        attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start, kvh, tid,
-                                                    Tr::THREADS);
+        merged = attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start,
+                                                             kvh, tid, Tr::THREADS);
+    ATTND_TIMELINE(5, 0, true);
+    ATTND_TIMELINE(6, merged, false);
+    (void)merged;
 }
 
 #undef ATTND_SWZ_OFF

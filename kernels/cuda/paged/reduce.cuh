@@ -168,9 +168,9 @@ __device__ __forceinline__ void attnd_paged_merge_row(const attnd_paged_kargs &a
 // and merges the rows. Every CTA of the pair takes exactly one (CTAs without rows leave before
 // any), so between launches every ticket is 0 again: a launch that never starts leaves them
 // so; one that faults mid-way leaves the CUDA context unusable (a sticky error), and with it the
-// tickets (a new backend allocates new ones).
+// tickets (a new backend allocates new ones). Returns whether this CTA merged.
 template <int NI>
-__device__ __forceinline__ void attnd_paged_merge_last(const attnd_paged_kargs &a, int row0,
+__device__ __forceinline__ bool attnd_paged_merge_last(const attnd_paged_kargs &a, int row0,
                                                        int rows, int rows_total, int q_start,
                                                        int kvh, int tid, int nthreads)
 {
@@ -186,11 +186,12 @@ __device__ __forceinline__ void attnd_paged_merge_last(const attnd_paged_kargs &
         }
     }
     const bool last = __syncthreads_or(mine);
-    if (!last) return;
+    if (!last) return false;
     const int warp = tid >> 5, nwarps = nthreads >> 5;
     for (int r = warp; r < rows && row0 + r < rows_total; r += nwarps)
         attnd_paged_merge_row<NI>(a, q_start + (row0 + r) / a.group,
                                   kvh * a.group + (row0 + r) % a.group, tid & 31);
+    return true;
 }
 
 #endif
