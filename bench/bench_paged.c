@@ -6,13 +6,16 @@
  *                                  / time, as ../shared/anchors/bench_anchors.py counts them
  *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
  *
- *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR]
+ *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST]
  *
  * --sweep also times every segment count of a small list for each decode case (the chosen one is
  * marked); --ab times each decode case's split with the reduce kernel too (the backend's
  * split_reduce), alternating three rounds with the default merge; --only runs the cases whose key
  * (decode-bf16-1x32768, decode-fp8_e4m3-64x4096, prefill-1x8192, ...) contains SUBSTR (for
- * profilers). Prints one line per case and a summary table last. */
+ * profilers); --off runs the prefill cases on the sm90 core with each ATTND_SM90_NO_* mask of a
+ * comma-separated LIST (e.g. 0,256,8192) instead of the built-in variants, three rounds, each
+ * starting one variant later (for per-launch A/B under a profiler's fixed clocks). Prints one line
+ * per case and a summary table last. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,7 +257,7 @@ typedef struct result {
     int segments;
 } result;
 
-#define MAX_RESULTS 96
+#define MAX_RESULTS 160
 static result g_res[MAX_RESULTS];
 static int g_nres;
 
@@ -268,7 +271,9 @@ static result *next_result(void)
     return &g_res[g_nres++];
 }
 static const char *g_only;
-static int g_ab; /* --ab: decode splits timed with the reduce kernel too */
+#define MAX_OFFS 16
+static int g_offs[MAX_OFFS], g_noffs; /* --off: the sm90 variants (masks) to run */
+static int g_ab;                      /* --ab: decode splits timed with the reduce kernel too */
 
 #ifdef ATTND_DECODE_TIMELINE
 static int cmp_i64(const void *a, const void *b)
@@ -416,27 +421,41 @@ static void bench_prefill(int batch, int L, int quick)
     for (int i = 0; i < nsets; i++)
         make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
-    static const struct {
+    static struct {
         int core, off;
         const char *tag;
-    } variants[] = {{0, 0, "default"},
-                    {90, 256, "sm90 no chain"},
-                    {90, 4096, "sm90 no late store"},
-                    {90, 512, "sm90 no fast epilogue"},
-                    {90, 1024, "sm90 no hi-only mask"},
-                    {90, 256 | 512 | 1024 | 4096, "sm90 none of the four"},
-                    {90, 128, "sm90 no late wait"},
-                    {90, 1, "sm90 no ping-pong"},
-                    {80, 0, "sm80 core"}};
-    const int nv = c->cc == 90 ? (int)(sizeof variants / sizeof *variants) : 1;
+    } variants[MAX_OFFS + 1] = {{0, 0, "default"},
+                                {90, 8192, "sm90 general (chained)"},
+                                {90, 8192 | 256, "sm90 general, no chain"},
+                                {90, 4096, "sm90 no late store"},
+                                {90, 512, "sm90 no fast epilogue"},
+                                {90, 1024, "sm90 no hi-only mask"},
+                                {90, 256 | 512 | 1024 | 4096, "sm90 none of the four"},
+                                {90, 128, "sm90 no late wait"},
+                                {90, 1, "sm90 no ping-pong"},
+                                {80, 0, "sm80 core"}};
+    int nv = 1;
+    while (c->cc == 90 && nv <= MAX_OFFS && variants[nv].tag != NULL)
+        nv++;
+    static char tags[MAX_OFFS][24];
+    if (g_noffs > 0 && c->cc == 90) {
+        nv = g_noffs;
+        for (int v = 0; v < nv; v++) {
+            snprintf(tags[v], sizeof tags[v], "sm90 off=%d", g_offs[v]);
+            variants[v].core = 90;
+            variants[v].off = g_offs[v];
+            variants[v].tag = tags[v];
+        }
+    }
     for (int i = 0; i < 3 * nv; i++) {
         const int round = i / nv, v = (i + round) % nv;
         c->paged_core = variants[v].core;
         c->sm90_off = variants[v].off;
         float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
         result *r = next_result();
+        const int tagged = v || g_noffs > 0;
         snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s%s", batch, L,
-                 v ? ", " : "", v ? variants[v].tag : "",
+                 tagged ? ", " : "", tagged ? variants[v].tag : "",
                  round == 1 ? " (2)" : (round == 2 ? " (3)" : ""));
         r->ms = ms;
         r->figure = flops / ms / 1e9;
@@ -463,8 +482,12 @@ int main(int argc, char **argv)
             g_ab = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             g_only = argv[++i];
+        else if (strcmp(argv[i], "--off") == 0 && i + 1 < argc)
+            for (char *t = strtok(argv[++i], ","); t && g_noffs < MAX_OFFS; t = strtok(NULL, ","))
+                g_offs[g_noffs++] = atoi(t);
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -501,6 +524,7 @@ int main(int argc, char **argv)
         bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
     bench_prefill(1, 8192, quick);
     bench_prefill(8, 2048, quick);
+    bench_prefill(32, 2048, quick); /* issue 16: the real-model prefill batch */
 
     printf("\n| case | segments | ms | figure |\n| --- | --- | --- | --- |\n");
     for (int i = 0; i < g_nres; i++)

@@ -19,7 +19,9 @@
 # warp-stall profile of the head-128 prefill kernel per NCU_SHAPES, "8x2048 1x8192", packed with
 # its SASS into ncu<skip>.tar.xz: a call brings back only a few files; NCU_SKIP: the sm90 launches
 # skipped first, 5 by default: the first timed launch of bench_paged's first variant; each
-# variant makes 55 launches).
+# variant makes 55 launches) and ncuab (every sm90 launch of `bench_paged --quick --off AB_OFFS`
+# per NCU_SHAPES timed by ncu, its clocks fixed, caches flushed: the median of each mask's 30
+# timed launches, an A/B of single switches that the bench's boost-clock rounds cannot separate).
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -66,7 +68,7 @@ for s in ${STEPS:-ops paged bench benchp anchors}; do
     sdpa) echo "== SDPA cuDNN / FA2 prefill (the anchors' prefill shapes alone)"; timeout 120 python3 - <<'PY' 2>&1 | tee "$out/sdpa.log"
 import torch, triton, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-for b, L in [(1, 8192), (8, 2048)]:
+for b, L in [(1, 8192), (8, 2048), (32, 2048)]:
     q = torch.randn(b, 32, L, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, 8, L, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
     for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
@@ -89,6 +91,32 @@ PY
         nvdisasm -gi -c "$f" >/tmp/sass_d128_paged.txt 2>&1
         (cd /tmp && tar cf - ncu_*_details.txt ncu_*_sass.csv sass_d128_paged.txt) | xz -T8 >"$out/ncu${NCU_SKIP:-5}.tar.xz"
         ls -la "$out/ncu${NCU_SKIP:-5}.tar.xz" ;;
+    ncuab) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu A/B prefill-$sh, masks ${AB_OFFS:-0,8192,16384}, base clocks"
+            rm -f /tmp/ab_$sh.ncu-rep
+            timeout 250 ncu --metrics gpu__time_duration.sum -k regex:attnd_paged_sm90 -f -o /tmp/ab_$sh \
+                $D/bench_paged --quick --only prefill-$sh --off ${AB_OFFS:-0,8192,16384} >"$out/ab_$sh.log" 2>&1; echo "rc=$?"
+            ncu -i /tmp/ab_$sh.ncu-rep --csv --page raw --metrics gpu__time_duration.sum >"$out/ab_$sh.csv" 2>&1
+            python3 - "$out/ab_$sh.csv" "${AB_OFFS:-0,8192,16384}" <<'PY'
+import csv, statistics, sys
+rows = list(csv.reader(open(sys.argv[1])))
+h = next(i for i, r in enumerate(rows) if "gpu__time_duration.sum" in r)
+col = rows[h].index("gpu__time_duration.sum")
+unit = rows[h + 1][col]
+t = [float(r[col].replace(",", "")) for r in rows[h + 2:] if len(r) > col and r[col]]
+offs = [int(x) for x in sys.argv[2].split(",")]
+nv, per = len(offs), 15  # bench_paged --quick: 5 warm-up + 10 timed launches per variant run
+print(f"launches {len(t)} (expected {3 * nv * per}), unit {unit}")
+if len(t) != 3 * nv * per: sys.exit(1)
+by = {v: [] for v in range(nv)}
+for i in range(3 * nv):
+    v = (i + i // nv) % nv
+    by[v] += t[i * per + 5:(i + 1) * per]
+base = statistics.median(by[0])
+for v in range(nv):
+    x = sorted(by[v]); m = statistics.median(x)
+    print(f"ab off={offs[v]:<6} median {m:10.1f} {unit}  min {x[0]:10.1f}  p25 {x[len(x)//4]:10.1f}  p75 {x[3*len(x)//4]:10.1f}  vs off=0 {100*(m/base-1):+6.2f}%")
+PY
+        done ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
             timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op ${OPS_ARGS:-} >"$out/0_${tool}_$op.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;

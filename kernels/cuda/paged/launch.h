@@ -34,16 +34,24 @@ enum {
     ATTND_SM90_NO_RANGE_MASK = 32, // masked tiles tested per logit, not by a column range per row
     ATTND_SM90_DEEP_K_NOT_V = 64,  // head 128: the third stage holds K, not V
     ATTND_SM90_NO_LATE_WAIT = 128, // P V waited for before the softmax of the next tile
-    ATTND_SM90_NO_CHAIN = 256,     // a work tile's first Q K^T and softmax after the previous
-                                   // tile's last P V and epilogue, not under that P V
+    ATTND_SM90_NO_CHAIN = 256,     // general instantiation (the plain one never chains): a work
+                                   // tile's first Q K^T and softmax after the previous tile's
+                                   // last P V and epilogue, not under that P V
     ATTND_SM90_NO_FAST_EPI = 512,  // epilogue: 4-byte shared stores and a store loop per chunk,
                                    // not stmatrix and the rows' loads issued together
     ATTND_SM90_NO_HI_ONLY = 1024,  // masked tiles without a window still test the range's
                                    // lower bound
     ATTND_SM90_FEW_CTAS = 2048,    // tests: a grid of 3 CTAs, so that each runs many tiles in a row
-    ATTND_SM90_NO_LATE_STORE = 4096 // chained tiles: rows stored before the next step's GEMMs are
-                                    // issued, not under them
+    ATTND_SM90_NO_LATE_STORE = 4096, // chained tiles: rows stored before the next step's GEMMs
+                                     // are issued, not under them
+    ATTND_SM90_NO_PLAIN = 8192       // the general instantiation (chained tiles) even when the
+                                     // plain one applies
 };
+// The switches the plain instantiation does not have (traits PLAIN): any of them set, the
+// general one runs.
+#define ATTND_SM90_NOT_PLAIN                                                                       \
+    (ATTND_SM90_NO_RANGE_MASK | ATTND_SM90_NO_LATE_WAIT | ATTND_SM90_NO_FAST_EPI |                 \
+     ATTND_SM90_NO_HI_ONLY | ATTND_SM90_NO_LATE_STORE | ATTND_SM90_NO_PLAIN)
 
 // What a launch needs besides the kernel arguments; the caller owns the stream.
 typedef struct attnd_paged_launch {

@@ -75,10 +75,19 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
     return cudaGetLastError();
 }
 
+// The sm90 core's plain instantiation applies: no softcap or ALiBi, no switch it lacks.
+static inline bool attnd_sm90_plain(const attnd_paged_kargs &a, const attnd_paged_launch &l)
+{
+    return a.plain && !(l.sm90_off & ATTND_SM90_NOT_PLAIN);
+}
+
 template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
     if constexpr (CORE == ATTND_CORE_SM90_VARLEN) {
+        if (attnd_sm90_plain(a, l))
+            return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false,
+                                                                ATTND_SRC_CONTIG, true>>(a, l);
         return attnd_paged_run_sm90<
             attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false, ATTND_SRC_CONTIG>>(a, l);
     } else if constexpr (CORE == ATTND_CORE_SM90_SPARSE) {
@@ -95,6 +104,9 @@ cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
             if (l.sm90_off & ATTND_SM90_NO_DEEP) return attnd_paged_run_sm90<none>(a, l);
             if (l.sm90_off & ATTND_SM90_DEEP_K_NOT_V) return attnd_paged_run_sm90<deep_k>(a, l);
         }
+        if (attnd_sm90_plain(a, l))
+            return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false,
+                                                                ATTND_SRC_PAGED, true>>(a, l);
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV>>(a, l);
     } else
         return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, CORE == ATTND_CORE_SM80_DECODE>>(

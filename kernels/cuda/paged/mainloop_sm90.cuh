@@ -41,15 +41,20 @@
 // SINKS: the epilogue folds each head's sink in (an instantiation of its own, so that the core
 // without sinks keeps its plain epilogue).
 // MODE: where K/V come from (ATTND_SRC_*).
+// PLAIN: no softcap, no ALiBi (kargs.plain) and none of the measurement switches that change the
+// loop (exact mask, early P V wait, lower bound, slow epilogue, early store): their code left out
+// of the loop body at compile time (the instantiation launched when they are all off), and no
+// chained work tiles (each tile's rows stored after its main loop).
 enum { ATTND_SM90_DEEP_NONE = 0, ATTND_SM90_DEEP_K = 1, ATTND_SM90_DEEP_V = 2 };
 template <int D_PAD_, int KV_, int DEEP = ATTND_SM90_DEEP_V, bool SINKS = false,
-          int MODE_ = ATTND_SRC_PAGED>
+          int MODE_ = ATTND_SRC_PAGED, bool PLAIN_ = false>
 struct attnd_paged_sm90_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
     static constexpr int MODE = MODE_;
     static constexpr bool SPARSE = MODE == ATTND_SRC_SPARSE;
     static constexpr bool HAS_SINKS = SINKS;
+    static constexpr bool PLAIN = PLAIN_;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
@@ -668,16 +673,17 @@ template <class Tr> struct attnd_sm90_consumer {
         constexpr int SR = Tr::SR;
         const int t0 = j * Tr::BLOCK_N, t4 = lane & 3;
         const bool need_mask = !unmasked(w, r, j, st);
-        const bool windowed = a.p.sliding_window > 0 || !hi_only;
+        const bool exact = !Tr::PLAIN && exact_mask;
+        const bool windowed = a.p.sliding_window > 0 || (!Tr::PLAIN && !hi_only);
         int lo[2] = {0, 0}, hi[2] = {0, 0};
         if (!Tr::SPARSE && need_mask) col_range(w, r, j, lo, hi);
         auto sees = [&](int n, int e) {
-            if (Tr::SPARSE || exact_mask) return visible(w, r, j, st, n, e);
+            if (Tr::SPARSE || exact) return visible(w, r, j, st, n, e);
             const int k = n * 8 + (e & 1);
             return k >= lo[e >> 1] && k <= hi[e >> 1];
         };
         float c = a.qk_scale_log2;
-        if (!a.plain) {
+        if (!Tr::PLAIN && !a.plain) {
             c = 1.0f;
             const float cap = a.p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 #pragma unroll
@@ -691,7 +697,7 @@ template <class Tr> struct attnd_sm90_consumer {
                     if (need_mask && !sees(n, e)) x = attnd_neg_inf();
                     s[n][e] = x;
                 }
-        } else if (need_mask && !Tr::SPARSE && !exact_mask && !windowed) {
+        } else if (need_mask && !Tr::SPARSE && !exact && !windowed) {
 #pragma unroll
             for (int n = 0; n < SR; n++) // no window: the range's upper bound alone
 #pragma unroll
@@ -819,7 +825,7 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_sm90_tile e = w; // next_w: the tile whose rows go out after this step
             float m_old[2] = {acc.m[0], acc.m[1]}, l_old[2] = {acc.l[0], acc.l[1]};
             if (next_w) {
-                if (Tr::SPARSE || !chain || !have_next || wn.jhi < wn.jlo) break;
+                if (Tr::SPARSE || Tr::PLAIN || !chain || !have_next || wn.jhi < wn.jlo) break;
                 w = wn;
                 qb ^= 1;
                 acc.m[0] = acc.m[1] = attnd_neg_inf();
@@ -847,7 +853,7 @@ template <class Tr> struct attnd_sm90_consumer {
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
             if (!Tr::SPARSE) release_k(sk);
-            if (!late_wait) attnd_wgmma_wait<0>(); // the order ptxas chose before
+            if (!Tr::PLAIN && !late_wait) attnd_wgmma_wait<0>(); // the order ptxas chose before
             softmax(w, r, j - 1, sk, s, acc);
             if (Tr::SPARSE) release_k(sk);
             nk++;
@@ -863,7 +869,7 @@ template <class Tr> struct attnd_sm90_consumer {
                 stage(e, acc.o, m_old, l_old, qb ^ 1);
                 pe = e;
                 pend = true;
-                if (!late_store) flush_pending();
+                if (!Tr::PLAIN && !late_store) flush_pending();
                 first_pv = true;
             }
             rescale_o(acc); // alpha 1 after next_w: nothing to do
@@ -893,13 +899,13 @@ template <class Tr> struct attnd_sm90_consumer {
         auto of = [&](int n, int e) { return o[n / Tr::ON][n % Tr::ON][e]; };
         attnd_paged_stage_rows<Tr::OH * Tr::ON, Tr::HAS_SINKS>(
             a, of, m, l, w.row0 + wg * 64 + wq * 16, w.rows_total, w.q_start, w.kvh, lane,
-            sm.q(wg, qb), wq * 16, gd, fast_epi);
+            sm.q(wg, qb), wq * 16, gd, Tr::PLAIN || fast_epi);
     }
     __device__ __forceinline__ void flush(const attnd_sm90_tile &w, int qb) const
     {
         attnd_paged_flush_rows<Tr::OH * Tr::ON>(a, w.row0 + wg * 64 + wq * 16, w.rows_total,
                                                 w.q_start, w.kvh, lane, sm.q(wg, qb), wq * 16, gd,
-                                                fast_epi);
+                                                Tr::PLAIN || fast_epi);
     }
 };
 
@@ -924,8 +930,9 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
                (ot == ATTND_DTYPE_BF16 || ot == ATTND_DTYPE_F16) &&
                ((uintptr_t)a.p.out.data & 15) == 0 && os0 == 0 && os1 == 0;
     // chained tiles: the next tile's Q already there, the rows out through shared memory (the
-    // one epilogue inlined in the loop)
-    chain = qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
+    // one epilogue inlined in the loop); not in the plain instantiation (at fixed clocks the
+    // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
+    chain = !Tr::PLAIN && qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
