@@ -324,13 +324,15 @@ extern "C" attnd_err attnd_cuda_paged_3d(attnd_backend *b, const attnd_paged_par
     int kv;
     attnd_err rv = paged_prepare(b, p, &a, &kv);
     if (rv != ATTND_ERR_OK) return rv;
+    // a bad workspace is refused even when there is nothing to compute (no query token)
+    if (num_segments > 1 && kv != ATTND_KV_F32 && !aligned(workspace, 16))
+        return attnd_fail(b, "workspace: must be 16-byte aligned");
     const int64_t T = p->q.shape[0];
     if (T == 0 || p->seq_lens.shape[0] == 0) return ATTND_ERR_OK;
     if (kv == ATTND_KV_F32) /* whole rows: the same result as any split */
         return launch_status(b, attnd_paged_f32_run(a, c->stream), "paged_attention_3d");
     a.num_segments = num_segments;
     if (num_segments > 1) {
-        if (!aligned(workspace, 16)) return attnd_fail(b, "workspace: must be 16-byte aligned");
         const int64_t rows = T * p->q.shape[1] * num_segments;
         a.ws_o = (float *)workspace;
         a.ws_m = a.ws_o + rows * p->q.shape[2];
