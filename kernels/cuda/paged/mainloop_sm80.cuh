@@ -711,6 +711,36 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
 
 // ------------------------------------------------------------------ kernel
 
+// Decode: the first stages' page ids, loaded before the sequence's length for the range a
+// sequence of max_seq_len keys would have (reads within the block table's row), to be used where
+// the real range starts at the same key (a batch of equal lengths: always), so the first K/V
+// copies wait for one trip to memory, not two. Returns that range's first key (-1: none loaded).
+template <class Tr, bool PAGE_PER_WARP>
+__device__ __forceinline__ int attnd_sm80_first_pages(const attnd_paged_kargs &a, int seg, int wn,
+                                                      const int32_t *bt, int32_t bt_s1,
+                                                      int (&pg)[Tr::NSTAGES])
+{
+    const attnd_paged_params &p = a.p;
+    int first = -1;
+#pragma unroll
+    for (int s = 0; s < Tr::NSTAGES; s++)
+        pg[s] = -1;
+    if (PAGE_PER_WARP && a.direct && p.sliding_window <= 0 && p.max_seq_len > 0) {
+        int lo = 0;
+        if (a.num_segments > 1) {
+            const int nblk = (p.max_seq_len + (1 << a.bs_log2) - 1) >> a.bs_log2;
+            lo = seg * ((nblk + a.num_segments - 1) / a.num_segments) << a.bs_log2;
+        }
+        first = lo;
+#pragma unroll
+        for (int s = 0; s < Tr::NSTAGES; s++) {
+            const int b = (lo + s * Tr::BLOCK_N + wn * Tr::NW) >> a.bs_log2;
+            pg[s] = b < (int)p.block_tables.shape[1] ? __ldg(bt + b * bt_s1) : -1;
+        }
+    }
+    return first;
+}
+
 // Bench-only timeline (builds with ATTND_DECODE_TIMELINE): thread 0 of each decode CTA writes 8
 // words at CTA (z * gridDim.y + y) * gridDim.x + x: 0 SM id, 1 start, 2 first tile in, 3 its
 // warp's loop done, 4 every warp's partial stored, 5 end, 6 1 if it merged its pair.
@@ -771,27 +801,8 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     const int32_t *bt =
         (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
     const int32_t bt_s1 = (int32_t)p.block_tables.strides[1];
-    // decode: the first stages' page ids are loaded before the sequence's length, for the range
-    // a sequence of max_seq_len keys would have, and used where the real range starts at the same
-    // key (a batch of equal lengths: always), so the K/V copies wait for one trip to memory, not
-    // two; the reads stay in the block table's row
-    int spec_lo = -1, spec_pg[Tr::NSTAGES];
-#pragma unroll
-    for (int s = 0; s < Tr::NSTAGES; s++)
-        spec_pg[s] = -1;
-    if (kPagePerWarp && a.direct && p.sliding_window <= 0 && p.max_seq_len > 0) {
-        int l = 0;
-        if (a.num_segments > 1) {
-            const int nblk = (p.max_seq_len + (1 << a.bs_log2) - 1) >> a.bs_log2;
-            l = seg * ((nblk + a.num_segments - 1) / a.num_segments) << a.bs_log2;
-        }
-        spec_lo = l;
-#pragma unroll
-        for (int s = 0; s < Tr::NSTAGES; s++) {
-            const int b = (l + s * BLOCK_N + wn * Tr::NW) >> a.bs_log2;
-            spec_pg[s] = b < (int)p.block_tables.shape[1] ? __ldg(bt + b * bt_s1) : -1;
-        }
-    }
+    int spec_pg[Tr::NSTAGES];
+    const int spec_lo = attnd_sm80_first_pages<Tr, kPagePerWarp>(a, seg, wn, bt, bt_s1, spec_pg);
     const attnd_paged_seq sq_ = attnd_paged_seq_at(a, seq);
     const int q_start = sq_.q_start, ctx = sq_.ctx, seq_len = sq_.seq_len;
     const int rows_total = sq_.q_len * g;
