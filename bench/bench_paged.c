@@ -421,7 +421,7 @@ static void bench_prefill(int batch, int L, int quick)
     for (int i = 0; i < nsets; i++)
         make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
-    static struct {
+    struct {
         int core, off;
         const char *tag;
     } variants[MAX_OFFS + 1] = {{0, 0, "default"},
@@ -437,7 +437,7 @@ static void bench_prefill(int batch, int L, int quick)
     int nv = 1;
     while (c->cc == 90 && nv <= MAX_OFFS && variants[nv].tag != NULL)
         nv++;
-    static char tags[MAX_OFFS][24];
+    char tags[MAX_OFFS][24];
     if (g_noffs > 0 && c->cc == 90) {
         nv = g_noffs;
         for (int v = 0; v < nv; v++) {
