@@ -26,6 +26,7 @@ from .region import Region
 from .stream import StreamChannel, StreamStep
 from .transformers import NAME, _Forward, attach, attending, model_expectation
 
+
 @dataclass
 class Generation:
     """One generation: seq_id in the daemon, the tokens so far (prompt, then generated), how
