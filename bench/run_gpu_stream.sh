@@ -12,9 +12,9 @@
 #      channel, and the channel with the decode step captured in a CUDA graph; $REPEAT (3)
 #      alternated repeats, medians; BENCH_ARGS adds bench_hf options (e.g. --impl X --impl Y);
 #      PIN=1 runs the daemon on cores 8-11 and the bench on cores 2-5 (taskset).
-#   6. client/python/tests/test_transformers.py and test_rotary.py against the CUDA daemon;
 #   5. bench/sdpa_decode.py: one layer in process (SDPA, its cache write, attnd's worker copies)
-#      at $LAYER_SHAPES (decode B:CTX, prefill pB:CTX; default: both at 32x2048 and 16x1024).
+#      at $LAYER_SHAPES (decode B:CTX, prefill pB:CTX; default: both at 32x2048 and 16x1024);
+#   6. client/python/tests/test_transformers.py and test_rotary.py against the CUDA daemon.
 # STEPS (default "1 4 2 3") picks and orders them. With BEFORE=path/to/an/older/attnd (and
 # BEFORE_CLIENT=its libattnd-client.so) at stage time, OVERHEAD_RUNS="attnd attnd-before attnd
 # attnd-before" alternates the two in step 3 (the worker on the matching client library).

@@ -1,7 +1,8 @@
 """One decode layer of bench_hf.py's Llama-3-8B shape, in-process, on the GPU: what the
 sdpa-static run spends per layer (the K/V index_copy into its StaticCache and sdpa_gqa_fold's
 SDPA over the whole static length, masked) against what an attnd stream step adds on the
-worker's side (Q/K/V copied into the registered step tensors). CUDA events, median, inputs
+worker's side (Q/K/V copied into the registered step tensors; a model whose rotary embedding
+attnd.rotary writes in place copies only V). CUDA events, median, inputs
 rotated over more than the L2; each figure is one call's share of 20 calls captured in a CUDA
 graph (queued from Python, small ops measure the host's launch, not the GPU). With pB:CTX, a
 prefill layer of B prompts of CTX tokens instead: transformers' sdpa_attention_forward as the
