@@ -347,9 +347,11 @@ template <class Tr> struct attnd_sm90_producer {
                                                 int ntiles);
     __device__ __forceinline__ int gather(const attnd_sm90_tile &w);
 
-    // K of tile jhi first, then K of j - 1 ahead of V of j (the consumers' order). Sparse: the
-    // tiles of the gathered keys (none: one K stage whose header says so, no V).
-    __device__ __forceinline__ void run(int total)
+    // Per tile j, last first, K of j then V of j: V's stage frees earlier than K's (three V
+    // stages at head 128), so V no longer waits behind the next K's stage (v_late, and sparse:
+    // K of j - 1 ahead of V of j, the consumers' order). Sparse: the tiles of the gathered keys
+    // (none: one K stage whose header says so, no V).
+    __device__ __forceinline__ void run(int total, bool v_late)
     {
         for (int k = 0;; k++) {
             const int t = attnd_sm90_tile_index(k, total);
@@ -367,12 +369,20 @@ template <class Tr> struct attnd_sm90_producer {
                     continue;
                 }
             }
-            load_k(w, w.jhi, ntiles);
-            for (int j = w.jhi - 1; j >= w.jlo; j--) {
-                load_k(w, j, ntiles);
-                load_v(w, j + 1);
+            if (Tr::SPARSE || v_late) {
+                load_k(w, w.jhi, ntiles);
+                for (int j = w.jhi - 1; j >= w.jlo; j--) {
+                    load_k(w, j, ntiles);
+                    load_v(w, j + 1);
+                }
+                load_v(w, w.jlo);
+            } else {
+#pragma unroll 1
+                for (int j = w.jhi; j >= w.jlo; j--) {
+                    load_k(w, j, ntiles);
+                    load_v(w, j);
+                }
             }
-            load_v(w, w.jlo);
         }
     }
 };
@@ -469,14 +479,15 @@ template <class Tr> struct attnd_sm90_consumer {
     attnd_sm90_smem<Tr> sm;
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
-    bool exact_mask = false; // masked tiles through visible() per logit (measurements)
-    bool late_wait = true;   // P V waited for after the softmax, not before (measurements)
-    bool hi_only = true;     // unwindowed masked tiles test the upper bound alone (measurements)
-    bool fast_epi = true;    // stmatrix epilogue, the rows' loads together (measurements)
-    bool late_store = true;  // chained: a tile's rows stored under the next step's GEMMs
-    bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
-    bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
-    attnd_divmod gd;         // by the group: packed row -> (token, head)
+    bool exact_mask = false;   // masked tiles through visible() per logit (measurements)
+    bool late_wait = true;     // P V waited for after the softmax, not before (measurements)
+    bool early_rescale = true; // O rescaled under the next Q K^T, before P V (measurements)
+    bool hi_only = true;       // unwindowed masked tiles test the upper bound alone (measurements)
+    bool fast_epi = true;      // stmatrix epilogue, the rows' loads together (measurements)
+    bool late_store = true;    // chained: a tile's rows stored under the next step's GEMMs
+    bool chain = false;        // a work tile's first K/V tile under the previous one's last P V
+    bool smem_epi = false;     // rows out through the Q buffer (16-bit out, 16-byte rows)
+    attnd_divmod gd;           // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -547,13 +558,13 @@ template <class Tr> struct attnd_sm90_consumer {
     // S = Q K^T over stage st with Q buffer qb (issued, not waited).
     __device__ __forceinline__ void gemm_qk(float (&s)[Tr::SR][4], int st, int qb) const
     {
+        const uint64_t qd = attnd_wgmma_desc(sm.q(wg, qb), 16, 1024);
+        const uint64_t kd = attnd_wgmma_desc(sm.k(st), 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < Tr::KSTEPS; kk++) {
             const uint32_t off = (uint32_t)(kk & 3) * 32; // k16 step within the slab's row
-            const uint64_t da =
-                attnd_wgmma_desc(sm.q(wg, qb) + (kk >> 2) * (64 * 128) + off, 16, 1024);
-            const uint64_t db =
-                attnd_wgmma_desc(sm.k(st) + (kk >> 2) * Tr::SLAB_BYTES + off, 16, 1024);
+            const uint64_t da = attnd_wgmma_desc_add(qd, (kk >> 2) * (64 * 128) + off);
+            const uint64_t db = attnd_wgmma_desc_add(kd, (kk >> 2) * Tr::SLAB_BYTES + off);
             attnd_wgmma<TC, Tr::SR>::ss(s, da, db, kk > 0);
         }
         attnd_wgmma_commit();
@@ -564,12 +575,13 @@ template <class Tr> struct attnd_sm90_consumer {
                                             const uint32_t (&p)[Tr::BLOCK_N / 16][4], int st,
                                             bool first) const
     {
+        const uint64_t vd = attnd_wgmma_desc(sm.v(st), Tr::SLAB_BYTES, 1024);
 #pragma unroll
         for (int kk = 0; kk < Tr::BLOCK_N / 16; kk++)
 #pragma unroll
             for (int h = 0; h < Tr::OH; h++) {
-                const uint64_t db = attnd_wgmma_desc(
-                    sm.v(st) + h * 2 * Tr::SLAB_BYTES + kk * 16 * 128, Tr::SLAB_BYTES, 1024);
+                const uint64_t db =
+                    attnd_wgmma_desc_add(vd, h * 2 * Tr::SLAB_BYTES + kk * 16 * 128);
                 attnd_wgmma<TC, Tr::ON>::rs(o[h], p[kk], db, (first && kk == 0) ? 0 : 1);
             }
         attnd_wgmma_commit();
@@ -664,6 +676,35 @@ template <class Tr> struct attnd_sm90_consumer {
         }
     }
 
+    // t[.][n] = max(t[.][n], t[.][n + W]) for n < W: one level of row_max's tree.
+    template <int W> static __device__ __forceinline__ void max_half(float (&t)[2][Tr::SR])
+    {
+#pragma unroll
+        for (int n = 0; n < W; n++) {
+            t[0][n] = fmaxf(t[0][n], t[0][n + W]);
+            t[1][n] = fmaxf(t[1][n], t[1][n + W]);
+        }
+    }
+
+    // This lane's maxima of its two rows' scores, as a tree (depth 5 at 32 values a row instead
+    // of a chain of 16 dependent max operations on the softmax's critical path).
+    static __device__ __forceinline__ void row_max(const float (&s)[Tr::SR][4], float (&mx)[2])
+    {
+        float t[2][Tr::SR];
+#pragma unroll
+        for (int n = 0; n < Tr::SR; n++) {
+            t[0][n] = fmaxf(s[n][0], s[n][1]);
+            t[1][n] = fmaxf(s[n][2], s[n][3]);
+        }
+        static_assert(Tr::SR == 8 || Tr::SR == 16, "S chunks");
+        if constexpr (Tr::SR == 16) max_half<8>(t);
+        max_half<4>(t);
+        max_half<2>(t);
+        max_half<1>(t);
+        mx[0] = t[0][0];
+        mx[1] = t[1][0];
+    }
+
     // Scores of K/V tile j -> logits (log2 domain, masked where needed) -> probabilities in s;
     // the rows' maxima and sums updated, acc.alpha: the factor O still has to be rescaled by.
     __device__ __forceinline__ void softmax(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
@@ -710,12 +751,8 @@ template <class Tr> struct attnd_sm90_consumer {
                 for (int e = 0; e < 4; e++)
                     if (!sees(n, e)) s[n][e] = attnd_neg_inf();
         }
-        float mx[2] = {attnd_neg_inf(), attnd_neg_inf()}, ms[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int n = 0; n < SR; n++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-        }
+        float mx[2], ms[2], rs[2] = {0.0f, 0.0f};
+        row_max(s, mx);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const float m_new = fmaxf(acc.m[i], attnd_quad_max(mx[i]) * c);
@@ -840,6 +877,10 @@ template <class Tr> struct attnd_sm90_consumer {
             if (pingpong) attnd_bar_sync(1 + wg, 256); // this warpgroup's turn
             attnd_wgmma_fence();
             gemm_qk(s, sk, qb);
+            if (early_rescale) { // O *= alpha of the last softmax while Q K^T runs
+                fence_o(acc);
+                rescale_o(acc);
+            }
             attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
             attnd_wgmma_fence(); // after the wait's loop (else ptxas injects it: C7519)
             gemm_pv(acc.o, pf, sv, first_pv);
@@ -872,11 +913,12 @@ template <class Tr> struct attnd_sm90_consumer {
                 if (!Tr::PLAIN && !late_store) flush_pending();
                 first_pv = true;
             }
-            rescale_o(acc); // alpha 1 after next_w: nothing to do
+            if (!early_rescale) rescale_o(acc); // alpha 1 after next_w: nothing to do
             to_p(s, pf);
             j--;
         }
         const int sv = nv % Tr::NSTAGES;
+        if (early_rescale) rescale_o(acc);
         attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
         attnd_wgmma_fence();
         gemm_pv(acc.o, pf, sv, first_pv);
@@ -916,6 +958,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
     exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
     late_wait = !(off & ATTND_SM90_NO_LATE_WAIT);
+    early_rescale = !(off & ATTND_SM90_LATE_RESCALE);
     hi_only = !(off & ATTND_SM90_NO_HI_ONLY);
     fast_epi = !(off & ATTND_SM90_NO_FAST_EPI);
     late_store = !(off & ATTND_SM90_NO_LATE_STORE);
@@ -1035,12 +1078,17 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
                 attnd_tma_prefetch(&tv);
             }
             attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
-            pr.run(total);
+            pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0);
         }
     } else {
         attnd_regs_alloc<Tr::CONSUMER_REGS>();
         const int ct = tid - 128;
-        attnd_sm90_consumer<Tr> co{a, src, sm, ct >> 7, (ct >> 5) & 3, lane, ct & 127};
+        // the warpgroup from lane 0: the compiler then knows it warp-uniform, and the Q buffer's
+        // wgmma descriptors stay in uniform registers (not rebuilt with R2UR per k step); the
+        // warp index broadcast too made the head-256 general kernel spill
+        const int wg = __shfl_sync(0xffffffffu, ct >> 7, 0);
+        const int wq = (ct >> 5) & 3;
+        attnd_sm90_consumer<Tr> co{a, src, sm, wg, wq, lane, ct & 127};
         co.run(total, off);
     }
 #else

@@ -154,6 +154,14 @@ __device__ __forceinline__ uint64_t attnd_wgmma_desc(uint32_t addr, uint32_t lbo
            ((uint64_t)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
 }
 
+// Descriptor d moved on by bytes (a multiple of 16): its address field only, which cannot carry
+// into the next field (shared addresses stay under 256 KB), so one 32-bit add on the low word
+// instead of the whole descriptor rebuilt per k step.
+__device__ __forceinline__ uint64_t attnd_wgmma_desc_add(uint64_t d, uint32_t bytes)
+{
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
+
 __device__ __forceinline__ void attnd_wgmma_fence(void)
 {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
