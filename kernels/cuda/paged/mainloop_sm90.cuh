@@ -461,6 +461,7 @@ __device__ __forceinline__ void attnd_sm90_producer<Tr>::write_kinfo(const attnd
 // Sparse: each row's bit among the tile's layout rows, and the OR over the warp's rows.
 struct attnd_sm90_rows {
     int idx0, pos[2], wpos_min, wpos_max;
+    int jfree_hi, jfree_lo; // not sparse: tiles jfree_lo < j < jfree_hi need no per-key test
     float slope2[2];
     bool warp_rows;
     uint32_t lbit[2], wbits;
@@ -621,6 +622,13 @@ template <class Tr> struct attnd_sm90_consumer {
         r.warp_rows = wrow0 < w.rows_total;
         r.wpos_min = w.ctx + gd.div(wrow0);
         r.wpos_max = w.ctx + gd.div(min(wrow0 + 15, w.rows_total - 1));
+        // attnd_paged_unmasked as bounds on j, once per tile: (j + 1) BLOCK_N <= min(seq_len,
+        // wpos_min + 1) and, with a window, j BLOCK_N > wpos_max - window (floors by shifts)
+        constexpr int LN = Tr::BLOCK_N == 128 ? 7 : 6;
+        static_assert(Tr::BLOCK_N == 1 << LN, "tile width a power of two");
+        const int sw = a.p.sliding_window;
+        r.jfree_hi = r.warp_rows ? min(w.seq_len, r.wpos_min + 1) >> LN : -1;
+        r.jfree_lo = sw > 0 ? (r.wpos_max - sw) >> LN : -1;
         r.wbits = 0;
         if constexpr (Tr::SPARSE) { // the producer's numbering (gather)
             const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2;
@@ -665,14 +673,11 @@ template <class Tr> struct attnd_sm90_consumer {
     __device__ __forceinline__ bool unmasked(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
                                              int j, int st) const
     {
-        if (!r.warp_rows) return false;
         if constexpr (Tr::SPARSE) {
             const int32_t *h = sm.kinfo(st) + Tr::BLOCK_N;
-            return ((uint32_t)h[1] & r.wbits) == r.wbits && h[2] <= r.wpos_min;
+            return r.warp_rows && ((uint32_t)h[1] & r.wbits) == r.wbits && h[2] <= r.wpos_min;
         } else {
-            const int t0 = j * Tr::BLOCK_N;
-            return attnd_paged_unmasked(t0, t0 + Tr::BLOCK_N, w.seq_len, r.wpos_min, r.wpos_max,
-                                        a.p.sliding_window);
+            return j < r.jfree_hi && j > r.jfree_lo; // attnd_paged_unmasked, folded in rows_of
         }
     }
 
