@@ -103,6 +103,7 @@ h = next(i for i, r in enumerate(rows) if "gpu__time_duration.sum" in r)
 col = rows[h].index("gpu__time_duration.sum")
 unit = rows[h + 1][col]
 t = [float(r[col].replace(",", "")) for r in rows[h + 2:] if len(r) > col and r[col]]
+if unit == "ms": t, unit = [x * 1000 for x in t], "us"  # ms with one decimal hides 1% steps
 offs = [int(x) for x in sys.argv[2].split(",")]
 nv, per = len(offs), 15  # bench_paged --quick: 5 warm-up + 10 timed launches per variant run
 print(f"launches {len(t)} (expected {3 * nv * per}), unit {unit}")

@@ -46,8 +46,8 @@ enum {
                                       // are issued, not under them
     ATTND_SM90_NO_PLAIN = 8192,       // the general instantiation (chained tiles) even when the
                                       // plain one applies
-    ATTND_SM90_LATE_RESCALE = 16384,  // O rescaled after the softmax, not between the next Q K^T
-                                      // and P V issues
+    ATTND_SM90_LANE_TMA = 16384,      // producer: each lane issues its own page's TMA boxes,
+                                      // not lane 0 every box with the page ids broadcast
     ATTND_SM90_V_AFTER_NEXT_K = 32768 // producer: V of tile j issued after K of tile j - 1, not
                                       // right after K of tile j
 };

@@ -236,6 +236,7 @@ template <class Tr> struct attnd_sm90_producer {
     uint32_t nk = 0, nv = 0;     // K and V tiles issued so far (ring position and phase)
     const int32_t *bt = nullptr; // paged: the work tile's block-table row
     int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
+    bool lane_tma = false;       // each lane issues its own page's boxes (measurements)
 
     // Position of virtual key vk (sparse: through the gathered list; else vk itself).
     __device__ __forceinline__ int key_pos(int vk) const
@@ -269,11 +270,31 @@ template <class Tr> struct attnd_sm90_producer {
         return true;
     }
 
-    // TMA of this lane's page (all slabs) into stage buffer dst, completing on bar.
+    // TMA of the tile's pages in mask (bit p: page p, its id in lane p's pid), all slabs, into
+    // stage buffer dst, completing on bar. Lane 0 issues every box with the ids broadcast to the
+    // warp first, so the copy's operands are warp-uniform and go straight to uniform registers;
+    // each lane issuing its own page (lane_tma) makes ptxas serialise the lanes (per box an
+    // ELECT, two R2UR and a branch), which kept the producer warp busy nearly all the time.
     __device__ __forceinline__ void issue(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
-                                          int kvh, int pid) const
+                                          int kvh, int pid, uint32_t mask) const
     {
-        const uint32_t d = dst + (uint32_t)(lane << a.bs_log2) * 128;
+        if (lane_tma) {
+            if ((mask >> lane) & 1) issue_page(tm, dst, bar, kvh, pid, lane);
+            return;
+        }
+        while (mask) {
+            const int p = __ffs(mask) - 1;
+            mask &= mask - 1;
+            const int id = __shfl_sync(0xffffffffu, pid, p);
+            if (attnd_elect_one()) issue_page(tm, dst, bar, kvh, id, p);
+        }
+    }
+
+    // Page p of the tile (id pid), every slab.
+    __device__ __forceinline__ void issue_page(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
+                                               int kvh, int pid, int p) const
+    {
+        const uint32_t d = dst + (uint32_t)(p << a.bs_log2) * 128;
         const int c2 = Tr::MODE == ATTND_SRC_PAGED ? 0 : pid;
         const int c3 = Tr::MODE == ATTND_SRC_PAGED ? pid : 0;
 #pragma unroll
@@ -289,12 +310,13 @@ template <class Tr> struct attnd_sm90_producer {
         if constexpr (Tr::SPARSE) write_kinfo(w, st, j, ntiles);
         int pid, valid;
         const bool present = page(w, j, &pid, &valid);
-        const int n = __popc(__ballot_sync(0xffffffffu, present));
+        const uint32_t mask = __ballot_sync(0xffffffffu, present);
+        const int n = __popc(mask);
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_k(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
         if (Tr::SPARSE && lane != 0) attnd_mbar_arrive(sm.full_k(st)); // each after its key info
-        if (present) issue(tk, sm.k(st), sm.full_k(st), w.kv_src, pid);
+        issue(tk, sm.k(st), sm.full_k(st), w.kv_src, pid, mask);
     }
 
     // V rows from r0 on (r0: the first row of the first page not wholly inside the sequence):
@@ -331,7 +353,8 @@ template <class Tr> struct attnd_sm90_producer {
         attnd_mbar_wait(sm.empty_v(st), ph ^ 1);
         int pid, valid;
         const bool whole = page(w, j, &pid, &valid) && valid == (1 << a.bs_log2);
-        const int n = __popc(__ballot_sync(0xffffffffu, whole));
+        const uint32_t mask = __ballot_sync(0xffffffffu, whole);
+        const int n = __popc(mask);
         const int r0 = n << a.bs_log2; // pages before r0 lie wholly inside the sequence
         const int pid_partial = __shfl_sync(0xffffffffu, pid, n & 31);
         const int valid_partial = __shfl_sync(0xffffffffu, valid, n & 31);
@@ -340,7 +363,7 @@ template <class Tr> struct attnd_sm90_producer {
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_v(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
-        if (whole) issue(tv, sm.v(st), sm.full_v(st), w.kv_src, pid);
+        issue(tv, sm.v(st), sm.full_v(st), w.kv_src, pid, mask);
     }
 
     __device__ __forceinline__ void write_kinfo(const attnd_sm90_tile &w, int st, int j,
@@ -480,15 +503,14 @@ template <class Tr> struct attnd_sm90_consumer {
     attnd_sm90_smem<Tr> sm;
     int wg, wq, lane, ctid; // warpgroup (0, 1), warp in it, lane, thread in it
     uint32_t nk = 0, nv = 0;
-    bool exact_mask = false;   // masked tiles through visible() per logit (measurements)
-    bool late_wait = true;     // P V waited for after the softmax, not before (measurements)
-    bool early_rescale = true; // O rescaled under the next Q K^T, before P V (measurements)
-    bool hi_only = true;       // unwindowed masked tiles test the upper bound alone (measurements)
-    bool fast_epi = true;      // stmatrix epilogue, the rows' loads together (measurements)
-    bool late_store = true;    // chained: a tile's rows stored under the next step's GEMMs
-    bool chain = false;        // a work tile's first K/V tile under the previous one's last P V
-    bool smem_epi = false;     // rows out through the Q buffer (16-bit out, 16-byte rows)
-    attnd_divmod gd;           // by the group: packed row -> (token, head)
+    bool exact_mask = false; // masked tiles through visible() per logit (measurements)
+    bool late_wait = true;   // P V waited for after the softmax, not before (measurements)
+    bool hi_only = true;     // unwindowed masked tiles test the upper bound alone (measurements)
+    bool fast_epi = true;    // stmatrix epilogue, the rows' loads together (measurements)
+    bool late_store = true;  // chained: a tile's rows stored under the next step's GEMMs
+    bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
+    bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
+    attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -882,10 +904,6 @@ template <class Tr> struct attnd_sm90_consumer {
             if (pingpong) attnd_bar_sync(1 + wg, 256); // this warpgroup's turn
             attnd_wgmma_fence();
             gemm_qk(s, sk, qb);
-            if (early_rescale) { // O *= alpha of the last softmax while Q K^T runs
-                fence_o(acc);
-                rescale_o(acc);
-            }
             attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
             attnd_wgmma_fence(); // after the wait's loop (else ptxas injects it: C7519)
             gemm_pv(acc.o, pf, sv, first_pv);
@@ -918,12 +936,11 @@ template <class Tr> struct attnd_sm90_consumer {
                 if (!Tr::PLAIN && !late_store) flush_pending();
                 first_pv = true;
             }
-            if (!early_rescale) rescale_o(acc); // alpha 1 after next_w: nothing to do
+            rescale_o(acc); // alpha 1 after next_w: nothing to do
             to_p(s, pf);
             j--;
         }
         const int sv = nv % Tr::NSTAGES;
-        if (early_rescale) rescale_o(acc);
         attnd_mbar_wait(sm.full_v(sv), (nv / Tr::NSTAGES) & 1);
         attnd_wgmma_fence();
         gemm_pv(acc.o, pf, sv, first_pv);
@@ -963,7 +980,6 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     const bool pingpong = !(off & ATTND_SM90_NO_PINGPONG);
     exact_mask = (off & ATTND_SM90_NO_RANGE_MASK) != 0;
     late_wait = !(off & ATTND_SM90_NO_LATE_WAIT);
-    early_rescale = !(off & ATTND_SM90_LATE_RESCALE);
     hi_only = !(off & ATTND_SM90_NO_HI_ONLY);
     fast_epi = !(off & ATTND_SM90_NO_FAST_EPI);
     late_store = !(off & ATTND_SM90_NO_LATE_STORE);
@@ -1083,6 +1099,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
                 attnd_tma_prefetch(&tv);
             }
             attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
+            pr.lane_tma = (off & ATTND_SM90_LANE_TMA) != 0;
             pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0);
         }
     } else {

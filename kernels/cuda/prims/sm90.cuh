@@ -135,6 +135,15 @@ __device__ __forceinline__ void attnd_tma_prefetch(const void *tmap)
     asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)tmap) : "memory");
 }
 
+// One lane of the (converged) warp: true there, false in the others (elect.sync).
+__device__ __forceinline__ bool attnd_elect_one(void)
+{
+    uint32_t pred;
+    asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(pred));
+    return pred != 0;
+}
+
 // Box (c0, c1, c2, c3) of a 4D tensor map into shared memory at dst; completes on bar.
 __device__ __forceinline__ void attnd_tma_load4(uint32_t dst, const void *tmap, uint32_t bar,
                                                 int c0, int c1, int c2, int c3)
