@@ -271,8 +271,8 @@ template <class Tr> struct attnd_sm90_producer {
     }
 
     // TMA of the tile's pages in mask (bit p: page p, its id in lane p's pid), all slabs, into
-    // stage buffer dst, completing on bar. Lane 0 issues every box with the ids broadcast to the
-    // warp first, so the copy's operands are warp-uniform and go straight to uniform registers;
+    // stage buffer dst, completing on bar. One elected lane issues every box, the ids broadcast
+    // to the warp first, so the copy's operands are warp-uniform and sit in uniform registers;
     // each lane issuing its own page (lane_tma) makes ptxas serialise the lanes (per box an
     // ELECT, two R2UR and a branch), which kept the producer warp busy nearly all the time.
     __device__ __forceinline__ void issue(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
