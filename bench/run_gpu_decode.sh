@@ -137,10 +137,13 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
             grep -E "^(decode|    ab)|fp8 / bf16" "$out/bench_$r.log" | tail -22 | sed 's/ (sets=.)//' 
         done ;;
     sweep)
+        # SWEEP_ONLY: one or more case substrings, each swept on its own
         for b in ${SWEEP:-c2}; do
-            echo "== sweep (bench_paged_$b --sweep, ${SWEEP_ONLY:-decode-bf16})"
-            timeout 60 $D/bench_paged_$b --only ${SWEEP_ONLY:-decode-bf16} --sweep --quick >"$out/sweep_$b.log" 2>&1
-            echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep_$b.log"
+            for c in ${SWEEP_ONLY:-decode-bf16}; do
+                echo "== sweep (bench_paged_$b --sweep, $c)"
+                timeout 60 $D/bench_paged_$b --only $c --sweep --quick >>"$out/sweep_$b.log" 2>&1
+                echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep_$b.log" | tail -16
+            done
         done ;;
     anchors)
         echo "== anchors (seed decode, copy ceiling)"
