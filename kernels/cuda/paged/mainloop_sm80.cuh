@@ -1052,8 +1052,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     bool merged = false;
     if (Tr::DECODE && partial && a.tickets)
         merged = attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start,
-                                                             kvh, tid, Tr::THREADS, attnd_smem,
-                                                             Tr::SMEM_BYTES);
+                                                             kvh, tid, Tr::THREADS);
     ATTND_TIMELINE(5, 0, true);
     ATTND_TIMELINE(6, merged, false);
     (void)merged;

@@ -10,7 +10,6 @@
 #include "paged/args.h"
 #include "paged/rows.cuh"
 #include "prims/math.cuh"
-#include "prims/sm80.cuh"
 
 // One CTA of 8 warps per (token, q head) merges num_segments partials (normalised outputs with
 // their log2-domain max m and exp-sum l; weight l * exp2(m - M)). Warp w folds segments w, w + 8,
@@ -164,80 +163,6 @@ __device__ __forceinline__ void attnd_paged_merge_row(const attnd_paged_kargs &a
     attnd_merge_store_row<NI>(a, tok, head, D, lane, attnd_softmax_safe_max(M), W, acc);
 }
 
-// Warp-wide, the same merge through shared memory: rounds of up to min(cap, 64) segments, each
-// lane copying its own float4 columns (d4, d4 + 32, ...) of every segment's row into the warp's
-// buffer buf (cap rows of D floats; .cg: the L2, where other CTAs of the running grid wrote them)
-// while lanes s and s + 32 load segment c + s's and c + s + 32's m and l, so a round costs one trip
-// to the L2 without holding its rows in registers (32 in registers raised the kernel's count).
-template <int NI>
-__device__ __forceinline__ void attnd_paged_merge_row_smem(const attnd_paged_kargs &a, int tok,
-                                                           int head, int lane, float *buf, int cap)
-{
-    const int S = a.num_segments, D = (int)a.p.q.shape[2], D4 = D >> 2;
-    const int CH = cap < 64 ? cap : 64;
-    const int64_t R0 = ((int64_t)tok * a.p.q.shape[1] + head) * S;
-    const uint32_t buf_a = attnd_smem_addr(buf);
-    float M = attnd_neg_inf(), W = 0.0f;
-    float4 acc[NI];
-#pragma unroll
-    for (int i = 0; i < NI; i++)
-        acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int c = 0; c < S; c += CH) {
-        const int n = S - c < CH ? S - c : CH;
-        for (int j = 0; j < n; j++)
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int d4 = lane + 32 * i;
-                if (d4 < D4)
-                    attnd_cp_async16(buf_a + (uint32_t)((j * D4 + d4) * 16),
-                                     a.ws_o + (R0 + c + j) * D + 4 * d4, 16);
-            }
-        attnd_cp_async_commit();
-        float m[2], l[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const bool own = 32 * h + lane < n;
-            m[h] = own ? __ldcg(a.ws_m + R0 + c + 32 * h + lane) : attnd_neg_inf();
-            l[h] = own ? __ldcg(a.ws_l + R0 + c + 32 * h + lane) : 0.0f;
-        }
-        const float mx =
-            fmaxf(l[0] > 0.0f ? m[0] : attnd_neg_inf(), l[1] > 0.0f ? m[1] : attnd_neg_inf());
-        const float mn = fmaxf(M, attnd_warp_max(mx));
-        const float ms = attnd_softmax_safe_max(mn);
-        const float al = attnd_exp2(M - ms); // M = -inf: 0
-        float w[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            w[h] = l[h] > 0.0f ? l[h] * attnd_exp2(m[h] - ms) : 0.0f;
-        W = W * al + attnd_warp_sum(w[0] + w[1]);
-        M = mn;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            acc[i].x *= al;
-            acc[i].y *= al;
-            acc[i].z *= al;
-            acc[i].w *= al;
-        }
-        attnd_cp_async_wait<0>(); // the lane's own columns: no exchange between lanes
-#pragma unroll 4
-        for (int j = 0; j < n; j++) {
-            const float wj = __shfl_sync(0xffffffffu, j < 32 ? w[0] : w[1], j & 31);
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int d4 = lane + 32 * i;
-                if (d4 >= D4) continue;
-                const float4 x = *(const float4 *)(buf + (j * D4 + d4) * 4);
-                acc[i].x += wj * x.x;
-                acc[i].y += wj * x.y;
-                acc[i].z += wj * x.z;
-                acc[i].w += wj * x.w;
-            }
-        }
-        __syncwarp(); // the next round's copies after this round's reads
-    }
-    attnd_merge_store_row<NI>(a, tok, head, D, lane, attnd_softmax_safe_max(M), W, acc);
-}
-
 // The segment kernel's CTA of (blockIdx.x, blockIdx.y), its partials of packed rows row0 ..
 // min(row0 + rows, rows_total) - 1 stored: takes a ticket; the CTA holding the last one resets it
 // and merges the rows. Every CTA of the pair takes exactly one (CTAs without rows leave before
@@ -245,9 +170,9 @@ __device__ __forceinline__ void attnd_paged_merge_row_smem(const attnd_paged_kar
 // so; one that faults mid-way leaves the CUDA context unusable (a sticky error), and with it the
 // tickets (a new backend allocates new ones). Returns whether this CTA merged.
 template <int NI>
-__device__ __forceinline__ bool
-attnd_paged_merge_last(const attnd_paged_kargs &a, int row0, int rows, int rows_total, int q_start,
-                       int kvh, int tid, int nthreads, unsigned char *smem, int smem_bytes)
+__device__ __forceinline__ bool attnd_paged_merge_last(const attnd_paged_kargs &a, int row0,
+                                                       int rows, int rows_total, int q_start,
+                                                       int kvh, int tid, int nthreads)
 {
     bool mine = false;
     __syncthreads(); // every partial of this CTA stored
@@ -267,20 +192,9 @@ attnd_paged_merge_last(const attnd_paged_kargs &a, int row0, int rows, int rows_
     const bool last = __syncthreads_or(mine);
     if (!last) return false;
     const int warp = tid >> 5, nwarps = nthreads >> 5;
-#ifdef ATTND_DECODE_MERGE_REGS
-    (void)smem, (void)smem_bytes;
     for (int r = warp; r < rows && row0 + r < rows_total; r += nwarps)
         attnd_paged_merge_row<NI>(a, q_start + (row0 + r) / a.group,
                                   kvh * a.group + (row0 + r) % a.group, tid & 31);
-#else
-    // the stages are idle (the CTA's own partials are stored): a buffer per warp
-    const int warp_bytes = smem_bytes / nwarps & ~15;
-    const int cap = warp_bytes / ((int)a.p.q.shape[2] * 4);
-    for (int r = warp; r < rows && row0 + r < rows_total; r += nwarps)
-        attnd_paged_merge_row_smem<NI>(a, q_start + (row0 + r) / a.group,
-                                       kvh * a.group + (row0 + r) % a.group, tid & 31,
-                                       (float *)(smem + warp * warp_bytes), cap);
-#endif
     return true;
 }
 
