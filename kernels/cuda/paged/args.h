@@ -28,7 +28,6 @@ typedef struct attnd_paged_kargs {
     int32_t m_rounds;       /* sm90: q-blocks of the longest sequence (the tile enumeration) */
     int32_t section;        /* sm90: (sequence, kv head) pairs whose K/V share the L2 at a time */
     int32_t num_segments;
-    int32_t next_stride;       /* decode (ATTND_DECODE_L2NEXT): CTAs resident at once; 0: off */
     float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
     unsigned *tickets; /* 3D: one per (q-block, kv head); the CTA that stores the last segment of
                           its pair merges the partials (NULL: the reduce kernel does) */

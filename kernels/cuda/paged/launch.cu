@@ -262,11 +262,7 @@ static unsigned *split_tickets(attnd_cuda *c, const attnd_paged_params *p, int g
     const int direct = (int64_t)p->max_query_len * group <= ATTND_DECODE_BLOCK_M;
     const int64_t pairs = (direct ? S : p->q.shape[0] * group / ATTND_DECODE_BLOCK_M + S) * H;
     unsigned **slot = c->stream_tickets ? c->stream_tickets : &c->tickets;
-#ifdef ATTND_DECODE_TICKET2
-    if (c->split_reduce || 2 * pairs > ATTND_CUDA_TICKETS) return NULL; // tickets and counters
-#else
     if (c->split_reduce || pairs > ATTND_CUDA_TICKETS) return NULL;
-#endif
     if (*slot != NULL) return *slot;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     void *t = NULL;

@@ -38,28 +38,14 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
     const int64_t gx = a.direct ? S : l.num_tokens * a.group / Tr::BLOCK_M + S;
     if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
     static_assert(!Tr::DECODE || Tr::BLOCK_M == ATTND_DECODE_BLOCK_M, "decode q-blocks");
-#ifdef ATTND_DECODE_TICKET2
-    if (a.tickets && 2 * gx * H > ATTND_CUDA_TICKETS) return cudaErrorInvalidConfiguration;
-#else
     if (a.tickets && gx * H > ATTND_CUDA_TICKETS) return cudaErrorInvalidConfiguration;
-#endif
-#ifdef ATTND_DECODE_L2NEXT
-    if (Tr::DECODE && Tr::D_PAD == 128 && a.direct && a.num_segments <= 1 &&
-        a.p.sliding_window <= 0 && gx * H > 2 * (int64_t)l.num_sms)
-        a.next_stride = 2 * l.num_sms; // two decode CTAs per SM at head 128
-#endif
 #ifdef ATTND_DECODE_PERSIST
     if constexpr (Tr::DECODE && Tr::Q_IN_REGS && Tr::D_PAD == 128) {
         // unsplit pairs beyond two CTAs per SM: persistent CTAs of `per` pairs each
         const int64_t slots = 2 * (int64_t)l.num_sms;
         if (a.direct && a.num_segments <= 1 && a.p.sliding_window <= 0 && S * H > slots &&
             Tr::PERSIST_SMEM <= l.max_smem) {
-#ifdef ATTND_DECODE_PERSIST_FILL
-            // every slot: ceil or floor of S * H / slots pairs per CTA
-            const int64_t px = slots / H < 1 ? 1 : (slots / H < S ? slots / H : S);
-#else
             const int64_t per = (S * H + slots - 1) / slots, px = (S + per - 1) / per;
-#endif
             e = attnd_paged_smem_attr(attnd_paged_decode_persist_kernel<Tr>, Tr::PERSIST_SMEM,
                                       l.optin);
             if (e != cudaSuccess) return e;

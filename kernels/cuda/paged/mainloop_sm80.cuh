@@ -744,48 +744,6 @@ __device__ __forceinline__ int attnd_sm80_first_pages(const attnd_paged_kargs &a
     return first;
 }
 
-#ifdef ATTND_DECODE_L2NEXT
-// Unsplit decode launches of more CTAs than slots (measurement switch; a.next_stride: the CTAs
-// resident at once): a CTA near its end pulls into the L2 this warp's rows of the first NSTAGES
-// tiles of the CTA next_stride on in launch order, the one likely to take its slot, so that
-// CTA's first copies find them there (fp8 64x4096: ~3.8 us from a wave-2 CTA's start to its
-// first tile). Pages past the sequence are harmless (any id below nblocks32 is in the cache).
-template <class Tr>
-__device__ __forceinline__ void
-attnd_sm80_prefetch_next(const attnd_paged_kargs &a, const attnd_kv_loader<Tr> &ld, int wn, int kvh)
-{
-    const int64_t lin = (int64_t)blockIdx.y * gridDim.x + blockIdx.x + a.next_stride;
-    if (lin >= (int64_t)gridDim.x * gridDim.y) return;
-    const int seq = (int)(lin % gridDim.x), kvh2 = (int)(lin / gridDim.x);
-    const attnd_paged_params &p = a.p;
-    const int32_t *bt =
-        (const int32_t *)p.block_tables.data + (int64_t)seq * p.block_tables.strides[0];
-    const int64_t dk = (int64_t)(kvh2 - kvh) * p.k_cache.strides[2] * Tr::KV_BYTES;
-    const int64_t dv = (int64_t)(kvh2 - kvh) * p.v_cache.strides[2] * Tr::KV_BYTES;
-    const int lrow = ld.row0 & (Tr::NW - 1);
-    int pg[Tr::NSTAGES];
-#pragma unroll
-    for (int s = 0; s < Tr::NSTAGES; s++) {
-        const int b = (s * Tr::BLOCK_N + wn * Tr::NW) >> a.bs_log2;
-        pg[s] = b < (int)p.block_tables.shape[1] ? __ldg(bt + b * p.block_tables.strides[1]) : -1;
-    }
-#pragma unroll
-    for (int s = 0; s < Tr::NSTAGES; s++) {
-        if ((unsigned)pg[s] >= (unsigned)a.nblocks32) continue;
-        const int row = ((s * Tr::BLOCK_N + wn * Tr::NW) & ld.bs_mask) + lrow;
-        const unsigned char *ks =
-            ld.kbase + attnd_mul_wide(pg[s], ld.ks0) + (row * ld.ks1 + ld.kcoff) + dk;
-        const unsigned char *vs =
-            ld.vbase + attnd_mul_wide(pg[s], ld.vs0) + (row * ld.vs1 + ld.vcoff) + dv;
-#pragma unroll
-        for (int i = 0; i < Tr::LOAD_ITERS; i++) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(ks + i * Tr::ROWS_PER_PASS * ld.ks1));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vs + i * Tr::ROWS_PER_PASS * ld.vs1));
-        }
-    }
-}
-#endif
-
 // Bench-only timeline (builds with ATTND_DECODE_TIMELINE): thread 0 of each decode CTA writes 8
 // words at CTA (z * gridDim.y + y) * gridDim.x + x: 0 SM id, 1 start, 2 first tile in, 3 its
 // warp's loop done, 4 every warp's partial stored, 5 end, 6 1 if it merged its pair.
@@ -1064,10 +1022,6 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
             // O += P V
             attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
         } // h
-#ifdef ATTND_DECODE_L2NEXT
-        if (Tr::DECODE && a.next_stride > 0 && j == (ntiles > 4 ? ntiles - 4 : 0))
-            attnd_sm80_prefetch_next<Tr>(a, ld, wn, kvh);
-#endif
         buf = buf + 1 == NSTAGES ? 0 : buf + 1;
     }
 
@@ -1091,10 +1045,6 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
                 wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
         return;
     }
-    unsigned ticket = 0;
-#ifdef ATTND_DECODE_TICKET2
-    if (Tr::DECODE && partial && a.tickets && tid == 0) ticket = attnd_paged_ticket_take(a);
-#endif
     // warps split the tokens: per-warp state -> shared, then combine, normalise and store
     attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
                                seg, tid);
@@ -1102,7 +1052,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     bool merged = false;
     if (Tr::DECODE && partial && a.tickets)
         merged = attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start,
-                                                             kvh, tid, Tr::THREADS, ticket);
+                                                             kvh, tid, Tr::THREADS);
     ATTND_TIMELINE(5, 0, true);
     ATTND_TIMELINE(6, merged, false);
     (void)merged;

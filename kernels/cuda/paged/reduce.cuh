@@ -169,51 +169,13 @@ __device__ __forceinline__ void attnd_paged_merge_row(const attnd_paged_kargs &a
 // any), so between launches every ticket is 0 again: a launch that never starts leaves them
 // so; one that faults mid-way leaves the CUDA context unusable (a sticky error), and with it the
 // tickets (a new backend allocates new ones). Returns whether this CTA merged.
-#ifdef ATTND_DECODE_TICKET2
-// Measurement switch: the ticket taken (relaxed) by thread 0 as its warp's loop ends, before the
-// partials are stored, so its trip overlaps the epilogue; it only elects the merger. Visibility
-// goes through a second counter per pair behind the launch's tickets: every other CTA adds to
-// it with release once its partials are stored; the merger waits (acquire) until all have. The
-// CTAs it waits for have taken tickets, so they are running and store without waiting on anyone.
-__device__ __forceinline__ unsigned attnd_paged_ticket_take(const attnd_paged_kargs &a)
-{
-    unsigned old;
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
-                 : "=r"(old)
-                 : "l"(a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x)
-                 : "memory");
-    return old;
-}
-#endif
-
 template <int NI>
-__device__ __forceinline__ bool
-attnd_paged_merge_last(const attnd_paged_kargs &a, int row0, int rows, int rows_total, int q_start,
-                       int kvh, int tid, int nthreads, unsigned ticket)
+__device__ __forceinline__ bool attnd_paged_merge_last(const attnd_paged_kargs &a, int row0,
+                                                       int rows, int rows_total, int q_start,
+                                                       int kvh, int tid, int nthreads)
 {
     bool mine = false;
     __syncthreads(); // every partial of this CTA stored
-#ifdef ATTND_DECODE_TICKET2
-    if (tid == 0) {
-        const size_t pair = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-        unsigned *t = a.tickets + pair, *done = t + (size_t)gridDim.x * gridDim.y;
-        mine = ticket == (unsigned)a.num_segments - 1u;
-        if (!mine) {
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done) : "memory");
-        } else {
-            unsigned n;
-            do
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                             : "=r"(n)
-                             : "l"(done)
-                             : "memory");
-            while (n != (unsigned)a.num_segments - 1u);
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(t) : "memory");
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(done) : "memory");
-        }
-    }
-#else
-    (void)ticket;
     if (tid == 0) {
         unsigned *t = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x, old;
         // release (cumulative over the barrier): this CTA's partials before its ticket; acquire:
@@ -227,7 +189,6 @@ attnd_paged_merge_last(const attnd_paged_kargs &a, int row0, int rows, int rows_
         // launch on the stream starts after this grid's writes)
         if (mine) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(t) : "memory");
     }
-#endif
     const bool last = __syncthreads_or(mine);
     if (!last) return false;
     const int warp = tid >> 5, nwarps = nthreads >> 5;
