@@ -5,6 +5,8 @@
 // last ones instead of after a new CTA's start (the wave change of fp8 64x4096: ~5.5 us with
 // most SMs waiting for first tiles); each pair's epilogue runs through its own shared memory
 // behind the stages. Tiles, loader and epilogue are the decode kernel's (mainloop_sm80.cuh).
+// Off by default: faster for 16-bit caches, slower for fp8 (bench/RESULTS.md, decode, sixth
+// round); ATTND_DECODE_PERSIST_FILL puts CTAs on every slot (launch_impl.cuh).
 #ifndef ATTND_CUDA_PAGED_DECODE_PERSIST_SM80_CUH
 #define ATTND_CUDA_PAGED_DECODE_PERSIST_SM80_CUH
 
