@@ -45,7 +45,12 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
         const int64_t slots = 2 * (int64_t)l.num_sms;
         if (a.direct && a.num_segments <= 1 && a.p.sliding_window <= 0 && S * H > slots &&
             Tr::PERSIST_SMEM <= l.max_smem) {
+#ifdef ATTND_DECODE_PERSIST_FILL
+            // every slot: ceil or floor of S * H / slots pairs per CTA
+            const int64_t px = slots / H < 1 ? 1 : (slots / H < S ? slots / H : S);
+#else
             const int64_t per = (S * H + slots - 1) / slots, px = (S + per - 1) / per;
+#endif
             e = attnd_paged_smem_attr(attnd_paged_decode_persist_kernel<Tr>, Tr::PERSIST_SMEM,
                                       l.optin);
             if (e != cudaSuccess) return e;
