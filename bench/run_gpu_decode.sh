@@ -104,13 +104,18 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
         echo "rc=$?"; grep -E "FAIL|gpu_paged:" "$out/full80.log" | head -20 ;;
     par)
         # correctness in parallel (separate processes on the one GPU; timings come later, alone):
-        # $gp full, full80, memcheck, racecheck; each build of PAR_MORE full, memcheck, racecheck
+        # $gp full, full80, memcheck, racecheck; each build of PAR_MORE full, memcheck, racecheck;
+        # each of PAR_FULL its full grid
         echo "== parallel: full, full80, memcheck, racecheck ($gp; ${PAR_MORE:-} without full80)"
         logs="full full80 san_memcheck san_racecheck"
         timeout 150 $gp >"$out/full.log" 2>&1 &
         timeout 150 $gp --core 80 >"$out/full80.log" 2>&1 &
         timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 $gp --reduced >"$out/san_memcheck.log" 2>&1 &
         timeout 150 compute-sanitizer --tool racecheck --error-exitcode 99 $gp --reduced >"$out/san_racecheck.log" 2>&1 &
+        for m in ${PAR_FULL:-}; do # PAR_FULL: more builds' full grid only
+            timeout 150 $D/gpu_paged_$m >"$out/full_$m.log" 2>&1 &
+            logs="$logs full_$m"
+        done
         for m in ${PAR_MORE:-}; do
             g2=$D/gpu_paged_$m
             timeout 150 $g2 >"$out/full_$m.log" 2>&1 &
@@ -137,10 +142,13 @@ for s in ${STEPS:-smoke par bench sweep anchors e2e}; do
             grep -E "^(decode|    ab)|fp8 / bf16" "$out/bench_$r.log" | tail -22 | sed 's/ (sets=.)//' 
         done ;;
     sweep)
+        # SWEEP_ONLY: one or more case substrings, each swept on its own
         for b in ${SWEEP:-c2}; do
-            echo "== sweep (bench_paged_$b --sweep, ${SWEEP_ONLY:-decode-bf16})"
-            timeout 60 $D/bench_paged_$b --only ${SWEEP_ONLY:-decode-bf16} --sweep --quick >"$out/sweep_$b.log" 2>&1
-            echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep_$b.log"
+            for c in ${SWEEP_ONLY:-decode-bf16}; do
+                echo "== sweep (bench_paged_$b --sweep, $c)"
+                timeout 60 $D/bench_paged_$b --only $c --sweep --quick >>"$out/sweep_$b.log" 2>&1
+                echo "rc=$?"; grep -E "^decode|sweep" "$out/sweep_$b.log" | tail -16
+            done
         done ;;
     anchors)
         echo "== anchors (seed decode, copy ceiling)"

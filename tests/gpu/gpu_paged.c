@@ -571,6 +571,24 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-split");
         run_paged_case(&c, rng);
     }
+    /* unsplit decode of more pairs than two CTAs per SM (persistent decode CTAs), fp8 */
+    {
+        static const int x[8] = {0, 1, 63, 64, 65, 200, 17, 130};
+        int q[40], xx[40];
+        for (int s = 0; s < 40; s++) {
+            q[s] = s == 3 ? 0 : 1;
+            xx[s] = x[s % 8];
+        }
+        base_case(&c);
+        c.hq = 32;
+        c.hk = 8;
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.segments = 1;
+        c.sinks = 1;
+        set_seqs(&c, 40, q, xx);
+        name_case(&c, "reduced-persist");
+        run_paged_case(&c, rng);
+    }
     /* prefill tiles (rows > 16): window + softcap + alibi, head 256 and 64 */
     {
         static const int q[2] = {70, 33}, x[2] = {20, 0};
@@ -708,6 +726,34 @@ static void full_grid(attnd_rng *rng)
                 name_case(&c, "split");
                 run_paged_case(&c, rng);
             }
+
+    /* 3c. unsplit decode of more (sequence, kv head) pairs than two CTAs per SM (the persistent
+     * decode CTAs take several, a build with ATTND_DECODE_PERSIST): contexts around tile edges,
+     * an empty query, two query tokens, head sizes 128 / 96, 16-bit and fp8 caches */
+    for (int ci = 0; ci < 3; ci++)
+        for (int vi = 0; vi < 2; vi++, k++) {
+            base_case(&c);
+            c.hq = 32;
+            c.hk = 8;
+            c.d = vi ? 96 : 128;
+            c.cache_dt = kCache[ci];
+            c.bs = bss[(ci + vi) % 3];
+            c.segments = 1;
+            c.sinks = vi;
+            c.alibi = ci == 1 && vi == 1;
+            c.softcap = ci == 2 && vi == 1 ? 6.0f : 0.0f;
+            c.out_dt = kFloat[(ci + vi) % 3];
+            static const int x[12] = {0, 1, 15, 64, 65, 127, 200, 1000, 2047, 513, 63, 4};
+            int qq[64], xx[64];
+            const int n = vi ? 64 : 48;
+            for (int s = 0; s < n; s++) {
+                qq[s] = s == 5 ? 0 : (s == 9 ? 2 : 1);
+                xx[s] = x[(s * 7 + ci) % 12];
+            }
+            set_seqs(&c, n, qq, xx);
+            name_case(&c, "persist");
+            run_paged_case(&c, rng);
+        }
 
     /* 4. prefill tiles: long queries with and without context (full 128-row tiles, causal) */
     for (int ci = 0; ci < 4; ci++)

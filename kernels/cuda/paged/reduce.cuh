@@ -177,13 +177,17 @@ __device__ __forceinline__ bool attnd_paged_merge_last(const attnd_paged_kargs &
     bool mine = false;
     __syncthreads(); // every partial of this CTA stored
     if (tid == 0) {
-        unsigned *t = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-        __threadfence(); // release: this CTA's partials before its ticket
-        mine = atomicAdd(t, 1u) == (unsigned)a.num_segments - 1u;
-        if (mine) {
-            atomicExch(t, 0u); // every other CTA of the pair has taken its ticket
-            __threadfence();   // acquire: their partials after their tickets
-        }
+        unsigned *t = a.tickets + (size_t)blockIdx.y * gridDim.x + blockIdx.x, old;
+        // release (cumulative over the barrier): this CTA's partials before its ticket; acquire:
+        // the other CTAs' partials after their tickets. One trip to the L2, no separate fences.
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(t)
+                     : "memory");
+        mine = old == (unsigned)a.num_segments - 1u;
+        // every other CTA of the pair has taken its ticket: the reset needs no fence (the next
+        // launch on the stream starts after this grid's writes)
+        if (mine) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(t) : "memory");
     }
     const bool last = __syncthreads_or(mine);
     if (!last) return false;
