@@ -727,9 +727,9 @@ static void full_grid(attnd_rng *rng)
                 run_paged_case(&c, rng);
             }
 
-    /* 3c. unsplit decode of more (sequence, kv head) pairs than two CTAs per SM (the persistent
-     * decode CTAs take several, a build with ATTND_DECODE_PERSIST): contexts around tile edges,
-     * an empty query, two query tokens, head sizes 128 / 96, 16-bit and fp8 caches */
+    /* 3c. unsplit decode of more (sequence, kv head) pairs than two CTAs per SM (a second wave
+     * of CTAs): contexts around tile edges, an empty query, two query tokens, head sizes
+     * 128 / 96, 16-bit and fp8 caches */
     for (int ci = 0; ci < 3; ci++)
         for (int vi = 0; vi < 2; vi++, k++) {
             base_case(&c);

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "paged/launch.h"
-#include "paged/decode_persist_sm80.cuh"
 #include "paged/mainloop_sm80.cuh"
 #include "paged/mainloop_sm90.cuh"
 
@@ -39,27 +38,6 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
     if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
     static_assert(!Tr::DECODE || Tr::BLOCK_M == ATTND_DECODE_BLOCK_M, "decode q-blocks");
     if (a.tickets && gx * H > ATTND_CUDA_TICKETS) return cudaErrorInvalidConfiguration;
-#ifdef ATTND_DECODE_PERSIST
-    if constexpr (Tr::DECODE && Tr::Q_IN_REGS && Tr::D_PAD == 128) {
-        // unsplit pairs beyond two CTAs per SM: persistent CTAs of `per` pairs each
-        const int64_t slots = 2 * (int64_t)l.num_sms;
-        if (a.direct && a.num_segments <= 1 && a.p.sliding_window <= 0 && S * H > slots &&
-            Tr::PERSIST_SMEM <= l.max_smem) {
-#ifdef ATTND_DECODE_PERSIST_FILL
-            // every slot: ceil or floor of S * H / slots pairs per CTA
-            const int64_t px = slots / H < 1 ? 1 : (slots / H < S ? slots / H : S);
-#else
-            const int64_t per = (S * H + slots - 1) / slots, px = (S + per - 1) / per;
-#endif
-            e = attnd_paged_smem_attr(attnd_paged_decode_persist_kernel<Tr>, Tr::PERSIST_SMEM,
-                                      l.optin);
-            if (e != cudaSuccess) return e;
-            attnd_paged_decode_persist_kernel<Tr>
-                <<<dim3((unsigned)px, (unsigned)H), Tr::THREADS, Tr::PERSIST_SMEM, l.stream>>>(a);
-            return cudaGetLastError();
-        }
-    }
-#endif
     attnd_paged_kernel<Tr><<<dim3((unsigned)gx, (unsigned)H, (unsigned)a.num_segments), Tr::THREADS,
                              Tr::SMEM_LAUNCH, l.stream>>>(a);
     return cudaGetLastError();

@@ -109,9 +109,6 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int SMEM_BYTES = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
     // what a launch asks for: slim tiles more than a third of the SM's 228 KB (two CTAs per SM)
     static constexpr int SMEM_LAUNCH = SLIM && SMEM_BYTES < 80 * 1024 ? 80 * 1024 : SMEM_BYTES;
-    // persistent decode (decode_persist_sm80.cuh): the epilogue's buffer behind the stages
-    static constexpr int PERSIST_EPI_OFF = (MAIN_BYTES + 127) / 128 * 128;
-    static constexpr int PERSIST_SMEM = PERSIST_EPI_OFF + EPI_BYTES;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
     static_assert(WARPS_M == 1 || WARPS_N == 1, "warps split rows or tokens, not both");
