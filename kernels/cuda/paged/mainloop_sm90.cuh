@@ -100,8 +100,8 @@ struct attnd_paged_sm90_traits {
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     // setmaxnreg moves registers within the CTA's launch allocation, at most 168 per thread at 384
-    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 fits it exactly; 32 + 2 x 240 would ask
-    // for more than the pool holds (the consumers' increase could not be granted)
+    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 and 40 + 2 x 232 fit it exactly; 32 + 2 x
+    // 240 would ask for more than the pool holds (the consumers' increase could not be granted)
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 / THREADS / 8 * 8 * THREADS,
                   "register pool of the CTA");
 };
