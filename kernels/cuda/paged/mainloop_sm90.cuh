@@ -88,7 +88,11 @@ struct attnd_paged_sm90_traits {
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
     static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4;      // a word per consumer thread
     static constexpr int SMEM_BYTES = ORDER_OFF + 256 * 4 + 1024; // + base alignment
-    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    // the producer's page ids in registers (UNROLLED_TMA) spill at 24 registers; sparse keeps
+    // the page loop and 24 / 240 (at 40 / 232 its kernels spilled 32-76 B)
+    static constexpr bool UNROLLED_TMA = !SPARSE;
+    static constexpr int PRODUCER_REGS = UNROLLED_TMA ? 40 : 24;
+    static constexpr int CONSUMER_REGS = UNROLLED_TMA ? 232 : 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
     static_assert(ON == 8 || ON == 16, "wgmma n64 / n128");
@@ -96,8 +100,8 @@ struct attnd_paged_sm90_traits {
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     // setmaxnreg moves registers within the CTA's launch allocation, at most 168 per thread at 384
-    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 fits it exactly; 32 + 2 x 240 would ask
-    // for more than the pool holds (the consumers' increase could not be granted)
+    // threads (__launch_bounds__(384, 1)): 24 + 2 x 240 and 40 + 2 x 232 fit it exactly; 32 + 2 x
+    // 240 would ask for more than the pool holds (the consumers' increase could not be granted)
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 / THREADS / 8 * 8 * THREADS,
                   "register pool of the CTA");
 };
@@ -237,6 +241,7 @@ template <class Tr> struct attnd_sm90_producer {
     const int32_t *bt = nullptr; // paged: the work tile's block-table row
     int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
     bool lane_tma = false;       // each lane issues its own page's boxes (measurements)
+    bool page_loop = false;      // the elected lane's loop over pages (measurements)
 
     // Position of virtual key vk (sparse: through the gathered list; else vk itself).
     __device__ __forceinline__ int key_pos(int vk) const
@@ -275,11 +280,27 @@ template <class Tr> struct attnd_sm90_producer {
     // to the warp first, so the copy's operands are warp-uniform and sit in uniform registers;
     // each lane issuing its own page (lane_tma) makes ptxas serialise the lanes (per box an
     // ELECT, two R2UR and a branch), which kept the producer warp busy nearly all the time.
+    // The ids of the first NP pages are all shuffled before the first box (lanes known at compile
+    // time, so they stay in registers): in a loop over the mask each box waited on its own
+    // SHFL -> R2UR chain. Pages past NP (contiguous pages under 16 rows) take the loop.
     __device__ __forceinline__ void issue(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
                                           int kvh, int pid, uint32_t mask) const
     {
+        constexpr int NP = Tr::BLOCK_N / 16;
         if (lane_tma) {
             if ((mask >> lane) & 1) issue_page(tm, dst, bar, kvh, pid, lane);
+            return;
+        }
+        if (Tr::UNROLLED_TMA && !page_loop && (mask >> NP) == 0) {
+            int ids[NP];
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+                ids[p] = __shfl_sync(0xffffffffu, pid, p);
+            if (attnd_elect_one()) {
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    if ((mask >> p) & 1) issue_page(tm, dst, bar, kvh, ids[p], p);
+            }
             return;
         }
         while (mask) {
@@ -1100,6 +1121,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
             }
             attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
             pr.lane_tma = (off & ATTND_SM90_LANE_TMA) != 0;
+            pr.page_loop = (off & ATTND_SM90_PAGE_LOOP) != 0;
             pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0);
         }
     } else {
