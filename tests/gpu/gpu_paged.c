@@ -571,7 +571,7 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-split");
         run_paged_case(&c, rng);
     }
-    /* unsplit decode of more pairs than two CTAs per SM (persistent decode CTAs), fp8 */
+    /* unsplit decode of more pairs than two CTAs per SM (a second wave of CTAs), fp8 */
     {
         static const int x[8] = {0, 1, 63, 64, 65, 200, 17, 130};
         int q[40], xx[40];
@@ -586,7 +586,7 @@ static void reduced_grid(attnd_rng *rng)
         c.segments = 1;
         c.sinks = 1;
         set_seqs(&c, 40, q, xx);
-        name_case(&c, "reduced-persist");
+        name_case(&c, "reduced-wave2");
         run_paged_case(&c, rng);
     }
     /* prefill tiles (rows > 16): window + softcap + alibi, head 256 and 64 */
@@ -751,7 +751,7 @@ static void full_grid(attnd_rng *rng)
                 xx[s] = x[(s * 7 + ci) % 12];
             }
             set_seqs(&c, n, qq, xx);
-            name_case(&c, "persist");
+            name_case(&c, "wave2");
             run_paged_case(&c, rng);
         }
 
