@@ -50,8 +50,10 @@ enum {
                                        // not lane 0 every box with the page ids broadcast
     ATTND_SM90_V_AFTER_NEXT_K = 32768, // producer: V of tile j issued after K of tile j - 1,
                                        // not right after K of tile j
-    ATTND_SM90_PAGE_LOOP = 65536       // producer: the elected lane loops over the pages, each
+    ATTND_SM90_PAGE_LOOP = 65536,      // producer: the elected lane loops over the pages, each
                                        // page's id shuffled when its boxes are issued
+    ATTND_SM90_V_REREAD = 131072       // producer: V of tile j reads the block table again, not
+                                       // the page ids K of tile j read just before
 };
 // The switches the plain instantiation does not have (traits PLAIN): any of them set, the
 // general one runs.

@@ -242,6 +242,7 @@ template <class Tr> struct attnd_sm90_producer {
     int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
     bool lane_tma = false;       // each lane issues its own page's boxes (measurements)
     bool page_loop = false;      // the elected lane's loop over pages (measurements)
+    int kpid = 0, kvalid = 0;    // this lane's page of the last K tile (load_v of that tile)
 
     // Position of virtual key vk (sparse: through the gathered list; else vk itself).
     __device__ __forceinline__ int key_pos(int vk) const
@@ -329,15 +330,14 @@ template <class Tr> struct attnd_sm90_producer {
         nk++;
         attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
         if constexpr (Tr::SPARSE) write_kinfo(w, st, j, ntiles);
-        int pid, valid;
-        const bool present = page(w, j, &pid, &valid);
+        const bool present = page(w, j, &kpid, &kvalid);
         const uint32_t mask = __ballot_sync(0xffffffffu, present);
         const int n = __popc(mask);
         if (lane == 0)
             attnd_mbar_arrive_tx(sm.full_k(st), (uint32_t)(n * Tr::SLABS * 128) << a.bs_log2);
         __syncwarp();
         if (Tr::SPARSE && lane != 0) attnd_mbar_arrive(sm.full_k(st)); // each after its key info
-        issue(tk, sm.k(st), sm.full_k(st), w.kv_src, pid, mask);
+        issue(tk, sm.k(st), sm.full_k(st), w.kv_src, kpid, mask);
     }
 
     // V rows from r0 on (r0: the first row of the first page not wholly inside the sequence):
@@ -367,13 +367,16 @@ template <class Tr> struct attnd_sm90_producer {
         attnd_fence_proxy_async();
     }
 
-    __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, int j)
+    // V of tile j; same_k: K of j was the last K issued, so its page ids (kpid, kvalid) stand
+    // (valid 0: no page), and the block table is not read again.
+    __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, int j, bool same_k)
     {
         const int st = nv % Tr::NSTAGES, ph = (nv / Tr::NSTAGES) & 1;
         nv++;
         attnd_mbar_wait(sm.empty_v(st), ph ^ 1);
-        int pid, valid;
-        const bool whole = page(w, j, &pid, &valid) && valid == (1 << a.bs_log2);
+        int pid = kpid, valid = kvalid;
+        if (!same_k) page(w, j, &pid, &valid);
+        const bool whole = valid == (1 << a.bs_log2);
         const uint32_t mask = __ballot_sync(0xffffffffu, whole);
         const int n = __popc(mask);
         const int r0 = n << a.bs_log2; // pages before r0 lie wholly inside the sequence
@@ -395,7 +398,7 @@ template <class Tr> struct attnd_sm90_producer {
     // stages at head 128), so V no longer waits behind the next K's stage (v_late, and sparse:
     // K of j - 1 ahead of V of j, the consumers' order). Sparse: the tiles of the gathered keys
     // (none: one K stage whose header says so, no V).
-    __device__ __forceinline__ void run(int total, bool v_late)
+    __device__ __forceinline__ void run(int total, bool v_late, bool v_reread)
     {
         for (int k = 0;; k++) {
             const int t = attnd_sm90_tile_index(k, total);
@@ -417,14 +420,14 @@ template <class Tr> struct attnd_sm90_producer {
                 load_k(w, w.jhi, ntiles);
                 for (int j = w.jhi - 1; j >= w.jlo; j--) {
                     load_k(w, j, ntiles);
-                    load_v(w, j + 1);
+                    load_v(w, j + 1, false);
                 }
-                load_v(w, w.jlo);
+                load_v(w, w.jlo, false);
             } else {
 #pragma unroll 1
                 for (int j = w.jhi; j >= w.jlo; j--) {
                     load_k(w, j, ntiles);
-                    load_v(w, j);
+                    load_v(w, j, !v_reread);
                 }
             }
         }
@@ -1122,7 +1125,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
             attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
             pr.lane_tma = (off & ATTND_SM90_LANE_TMA) != 0;
             pr.page_loop = (off & ATTND_SM90_PAGE_LOOP) != 0;
-            pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0);
+            pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0, (off & ATTND_SM90_V_REREAD) != 0);
         }
     } else {
         attnd_regs_alloc<Tr::CONSUMER_REGS>();
