@@ -61,12 +61,13 @@ def _identity(x: Any) -> Any:
     if x is None:
         return None
     if hasattr(x, "data_ptr"):
-        return (id(x), x.data_ptr(), tuple(x.shape), tuple(x.stride()))
-    return (id(x), x.__array_interface__["data"][0], x.shape, x.strides)
+        return (id(x), x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
+    return (id(x), x.__array_interface__["data"][0], x.shape, x.strides, x.dtype)
 
 
 def _view(x: Any) -> tuple[Any, ...]:
-    """The memory a tensor or array names: its address, shape and strides."""
+    """The memory a tensor or array names and how it reads it: address, shape, strides, dtype
+    (a same-size view as another dtype holds other values, so it is not the step's tensor)."""
     return _identity(x)[1:]
 
 

@@ -171,6 +171,27 @@ def test_inline_tensors_are_refused(daemon):
             ch.begin([(1, 1)], inline, k, v, o)
 
 
+@pytest.mark.skipif(CUDA, reason="numpy views; torch's copy onto its own bytes as another dtype "
+                    "is not defined")
+def test_a_step_tensor_viewed_as_another_dtype_is_copied(daemon):
+    """A view of the step's q as int32 names the same bytes but other values: attend copies it
+    (converted), as any other source; the step's own tensors are taken in place."""
+    with attnd.Client(daemon.url) as c, c.stream() as ch:
+        c.create(1)
+        q, k, v, o = Buffers(c).rows(1)
+        for dst, src in zip((q, k, v), inputs(0, 0, 1)):
+            put(dst, src)
+        st = ch.begin([(1, 1)], q, k, v, o)
+        ch.attend(st, 0, q, k, v)
+        assert ch.copied == 0
+        bits = q.view(np.int32)
+        want = bits.astype(np.float32)
+        ch.attend(st, 1, bits)
+        assert ch.copied == 1
+        assert np.array_equal(q, want)
+        ch.end(st)
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need the GPU (ATTND_TEST_BACKEND=cuda)")
 @pytest.mark.parametrize("ahead", [False, True], ids=["in_turn", "one_step_ahead"])
 def test_a_captured_decode_step_replays(daemon, ahead):
