@@ -65,10 +65,8 @@ static __device__ __forceinline__ void attnd_st2_elem(void *base, int dt, int64_
 // Eight e4m3 codes (one 8-byte word) as eight f16 values (16 bytes); exact.
 static __device__ __forceinline__ uint4 attnd_fp8x8_to_half8(uint2 w)
 {
-    return make_uint4(attnd_fp8x2_to_half2((uint16_t)(w.x & 0xffffu)),
-                      attnd_fp8x2_to_half2((uint16_t)(w.x >> 16)),
-                      attnd_fp8x2_to_half2((uint16_t)(w.y & 0xffffu)),
-                      attnd_fp8x2_to_half2((uint16_t)(w.y >> 16)));
+    return make_uint4(attnd_fp8x2_to_half2<0>(w.x), attnd_fp8x2_to_half2<1>(w.x),
+                      attnd_fp8x2_to_half2<0>(w.y), attnd_fp8x2_to_half2<1>(w.y));
 }
 
 static __device__ __forceinline__ void attnd_st_shared16(uint32_t addr, uint4 v)
