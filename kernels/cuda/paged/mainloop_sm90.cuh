@@ -857,10 +857,10 @@ template <class Tr> struct attnd_sm90_consumer {
 
     // The first (last-indexed) K/V tile of w: Q K^T and softmax into the first P. Returns that
     // tile's index (sparse: from the K stage's header; -1: no key, the stage released).
-    __device__ __forceinline__ int first_tile(const attnd_sm90_tile &w, const attnd_sm90_rows &r,
-                                              int qb, float (&s)[Tr::SR][4],
-                                              uint32_t (&pf)[Tr::BLOCK_N / 16][4],
-                                              attnd_sm90_acc<Tr> &acc)
+    template <class F>
+    __device__ __forceinline__ int
+    first_tile(const attnd_sm90_tile &w, const attnd_sm90_rows &r, int qb, float (&s)[Tr::SR][4],
+               uint32_t (&pf)[Tr::BLOCK_N / 16][4], attnd_sm90_acc<Tr> &acc, F &&under_qk)
     {
         const int st = nk % Tr::KSTAGES;
         attnd_mbar_wait(sm.full_k(st), (nk / Tr::KSTAGES) & 1);
@@ -868,10 +868,12 @@ template <class Tr> struct attnd_sm90_consumer {
         if (jhi < w.jlo) {
             release_k(st);
             nk++;
+            under_qk();
             return -1;
         }
         attnd_wgmma_fence();
         gemm_qk(s, st, qb);
+        under_qk();
         attnd_wgmma_wait<0>();
         attnd_fence_regs(s);
         if (!Tr::SPARSE) release_k(st); // sparse: softmax reads the key info
@@ -888,13 +890,14 @@ template <class Tr> struct attnd_sm90_consumer {
     // in the same step as w's last P V, w's rows go out after that P V, and the loop goes on
     // with wn (w, r, qb, wn, have_next and k advance), so a work tile's masked first K/V tile
     // runs under the previous tile's last P V. Returns with w's last P V done, w not stored.
-    __device__ __forceinline__ void mainloop(attnd_sm90_tile &w, attnd_sm90_rows &r, int &qb,
-                                             attnd_sm90_tile &wn, bool &have_next, int &k,
-                                             int total, bool pingpong, attnd_sm90_acc<Tr> &acc)
+    template <class F>
+    __device__ __forceinline__ void
+    mainloop(attnd_sm90_tile &w, attnd_sm90_rows &r, int &qb, attnd_sm90_tile &wn, bool &have_next,
+             int &k, int total, bool pingpong, attnd_sm90_acc<Tr> &acc, F &&under_first_qk)
     {
         float s[Tr::SR][4];
         uint32_t pf[Tr::BLOCK_N / 16][4];
-        int j = first_tile(w, r, qb, s, pf, acc);
+        int j = first_tile(w, r, qb, s, pf, acc, under_first_qk);
         if (j < w.jlo) return;
         bool first_pv = true, pend = false;
         attnd_sm90_tile pe; // pend: the tile whose rows wait in buffer qb ^ 1 for their stores
@@ -975,6 +978,21 @@ template <class Tr> struct attnd_sm90_consumer {
     }
 
     __device__ __forceinline__ void run(int total, int off);
+    __device__ __forceinline__ void run_prefetched(bool have, attnd_sm90_tile w, int k, int total,
+                                                   bool pingpong);
+
+    static __device__ __forceinline__ void reset(attnd_sm90_acc<Tr> &acc)
+    {
+#pragma unroll
+        for (int h = 0; h < Tr::OH; h++)
+#pragma unroll
+            for (int n = 0; n < Tr::ON; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc.o[h][n][e] = 0.0f;
+        acc.m[0] = acc.m[1] = attnd_neg_inf();
+        acc.l[0] = acc.l[1] = 0.0f;
+    }
     __device__ __forceinline__ void store(const attnd_sm90_tile &w,
                                           const float (&o)[Tr::OH][Tr::ON][4], const float m[2],
                                           const float l[2], int qb, bool via_smem) const;
@@ -1029,20 +1047,16 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         load_q_async(w, 0);
         attnd_cp_async_commit();
     }
+    if (Tr::PLAIN && !Tr::SPARSE && qpf) {
+        run_prefetched(have, w, k, total, pingpong);
+        return;
+    }
     for (; have; w = wn, qb = qpf ? qb ^ 1 : 0) {
         bool have_next = next_tile(&k, total, &wn);
         attnd_sm90_rows r;
         rows_of(w, r);
         attnd_sm90_acc<Tr> acc;
-#pragma unroll
-        for (int h = 0; h < Tr::OH; h++)
-#pragma unroll
-            for (int n = 0; n < Tr::ON; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc.o[h][n][e] = 0.0f;
-        acc.m[0] = acc.m[1] = attnd_neg_inf();
-        acc.l[0] = acc.l[1] = 0.0f;
+        reset(acc);
         // this warpgroup's last Q K^T of the previous tile is done: its Q buffer is free
         attnd_bar_sync(3 + wg, 128);
         if (qpf) {
@@ -1058,8 +1072,42 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         if (keys) {
             if (!qpf) load_q(w, qb);
             attnd_bar_sync(3 + wg, 128);
-            mainloop(w, r, qb, wn, have_next, k, total, pingpong, acc);
+            mainloop(w, r, qb, wn, have_next, k, total, pingpong, acc, [] {});
         }
+        store(w, acc.o, acc.m, acc.l, qb, smem_epi && keys);
+        have = have_next;
+    }
+}
+
+// The plain kernel's tiles, Q always copied a tile ahead: the next tile is looked up and its Q
+// copy issued while the tile's first Q K^T runs (at the top of the tile they held the tensor
+// pipe idle: ~6% of the 8x2048 profile's samples; bench/RESULTS.md, H200 session).
+template <class Tr>
+__device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool have,
+                                                                        attnd_sm90_tile w, int k,
+                                                                        int total, bool pingpong)
+{
+    int qb = 0; // w: the CTA's first tile, its Q copied to buffer 0; k: the position after it
+    attnd_sm90_tile wn;
+    for (; have; w = wn, qb ^= 1) {
+        attnd_sm90_rows r;
+        rows_of(w, r);
+        attnd_sm90_acc<Tr> acc;
+        reset(acc);
+        attnd_cp_async_wait<0>(); // w's rows (copied during the previous tile)
+        attnd_fence_proxy_async();
+        attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
+        bool have_next = false;
+        auto setup_next = [&]() {
+            have_next = next_tile(&k, total, &wn);
+            if (have_next) load_q_async(wn, qb ^ 1);
+            attnd_cp_async_commit();
+        };
+        const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
+        if (keys)
+            mainloop(w, r, qb, wn, have_next, k, total, pingpong, acc, setup_next);
+        else
+            setup_next();
         store(w, acc.o, acc.m, acc.l, qb, smem_epi && keys);
         have = have_next;
     }
