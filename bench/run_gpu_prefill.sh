@@ -79,7 +79,7 @@ for b, L in [(1, 8192), (8, 2048), (32, 2048)]:
 PY
         ;;
     ncu) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu prefill-$sh (skip ${NCU_SKIP:-5})"
-            timeout 200 ncu --section SpeedOfLight --section SourceCounters --section WarpStateStats \
+            timeout 200 ncu --clock-control none --section SpeedOfLight --section SourceCounters --section WarpStateStats \
                 --section SchedulerStats -k regex:attnd_paged_sm90 -s ${NCU_SKIP:-5} -c 1 -f -o "$out/ncu_$sh" \
                 $D/bench_paged --only prefill-$sh >"$out/ncu_$sh.log" 2>&1; echo "rc=$?"
             ncu -i "$out/ncu_$sh.ncu-rep" --page details >"$out/ncu_${sh}_details.txt" 2>&1
@@ -93,7 +93,7 @@ PY
         ls -la "$out/ncu${NCU_SKIP:-5}.tar.xz" ;;
     ncuab) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu A/B prefill-$sh, masks ${AB_OFFS:-0,8192,16384}, base clocks"
             rm -f /tmp/ab_$sh.ncu-rep
-            timeout 250 ncu --metrics gpu__time_duration.sum -k regex:attnd_paged_sm90 -f -o /tmp/ab_$sh \
+            timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:attnd_paged_sm90 -f -o /tmp/ab_$sh \
                 $D/bench_paged --quick --only prefill-$sh --off ${AB_OFFS:-0,8192,16384} >"$out/ab_$sh.log" 2>&1; echo "rc=$?"
             ncu -i /tmp/ab_$sh.ncu-rep --csv --page raw --metrics gpu__time_duration.sum >"$out/ab_$sh.csv" 2>&1
             python3 - "$out/ab_$sh.csv" "${AB_OFFS:-0,8192,16384}" <<'PY'
