@@ -835,17 +835,23 @@ template <class Tr> struct attnd_sm90_consumer {
         }
     }
 
-    // O *= alpha, skipped when no row of the warp moved its maximum.
-    static __device__ __forceinline__ void rescale_o(attnd_sm90_acc<Tr> &acc)
+    // f(x, i) for every O accumulator x of this lane (i: its row, 0 or 1).
+    template <class F> static __device__ __forceinline__ void each_o(attnd_sm90_acc<Tr> &acc, F f)
     {
-        if (!__any_sync(0xffffffffu, acc.alpha[0] != 1.0f || acc.alpha[1] != 1.0f)) return;
 #pragma unroll
         for (int h = 0; h < Tr::OH; h++)
 #pragma unroll
             for (int n = 0; n < Tr::ON; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    acc.o[h][n][e] *= acc.alpha[e >> 1];
+                    f(acc.o[h][n][e], e >> 1);
+    }
+
+    // O *= alpha, skipped when no row of the warp moved its maximum.
+    static __device__ __forceinline__ void rescale_o(attnd_sm90_acc<Tr> &acc)
+    {
+        if (!__any_sync(0xffffffffu, acc.alpha[0] != 1.0f || acc.alpha[1] != 1.0f)) return;
+        each_o(acc, [&](float &x, int i) { x *= acc.alpha[i]; });
     }
 
     __device__ __forceinline__ void fence_o(attnd_sm90_acc<Tr> &acc) const
@@ -981,15 +987,10 @@ template <class Tr> struct attnd_sm90_consumer {
     __device__ __forceinline__ void run_prefetched(bool have, attnd_sm90_tile w, int k, int total,
                                                    bool pingpong);
 
+    // A work tile's start: O zero, no maximum, no sum.
     static __device__ __forceinline__ void reset(attnd_sm90_acc<Tr> &acc)
     {
-#pragma unroll
-        for (int h = 0; h < Tr::OH; h++)
-#pragma unroll
-            for (int n = 0; n < Tr::ON; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc.o[h][n][e] = 0.0f;
+        each_o(acc, [](float &x, int) { x = 0.0f; });
         acc.m[0] = acc.m[1] = attnd_neg_inf();
         acc.l[0] = acc.l[1] = 0.0f;
     }
