@@ -20,8 +20,9 @@
 # its SASS into ncu<skip>.tar.xz: a call brings back only a few files; NCU_SKIP: the sm90 launches
 # skipped first, 5 by default: the first timed launch of bench_paged's first variant; each
 # variant makes 55 launches) and ncuab (every sm90 launch of `bench_paged --quick --off AB_OFFS`
-# per NCU_SHAPES timed by ncu, its clocks fixed, caches flushed: the median of each mask's 30
-# timed launches, an A/B of single switches that the bench's boost-clock rounds cannot separate).
+# per NCU_SHAPES timed by ncu one at a time, caches flushed: the median of each mask's 30 timed
+# launches). Both leave the card's clocks alone (--clock-control none), as the device machine's
+# method asks: earlier rounds' A/Bs at ncu's fixed base clocks are not repeatable there.
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -91,7 +92,7 @@ PY
         nvdisasm -gi -c "$f" >/tmp/sass_d128_paged.txt 2>&1
         (cd /tmp && tar cf - ncu_*_details.txt ncu_*_sass.csv sass_d128_paged.txt) | xz -T8 >"$out/ncu${NCU_SKIP:-5}.tar.xz"
         ls -la "$out/ncu${NCU_SKIP:-5}.tar.xz" ;;
-    ncuab) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu A/B prefill-$sh, masks ${AB_OFFS:-0,8192,16384}, base clocks"
+    ncuab) for sh in ${NCU_SHAPES:-8x2048}; do echo "== ncu A/B prefill-$sh, masks ${AB_OFFS:-0,8192,16384}, the card's clocks"
             rm -f /tmp/ab_$sh.ncu-rep
             timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:attnd_paged_sm90 -f -o /tmp/ab_$sh \
                 $D/bench_paged --quick --only prefill-$sh --off ${AB_OFFS:-0,8192,16384} >"$out/ab_$sh.log" 2>&1; echo "rc=$?"
