@@ -863,6 +863,8 @@ template <class Tr> struct attnd_sm90_consumer {
 
     // The first (last-indexed) K/V tile of w: Q K^T and softmax into the first P. Returns that
     // tile's index (sparse: from the K stage's header; -1: no key, the stage released).
+    // under_qk runs once either way, while the Q K^T is in flight where there is one (the plain
+    // loop looks up its next tile there: it must run even when the tile has no key).
     template <class F>
     __device__ __forceinline__ int
     first_tile(const attnd_sm90_tile &w, const attnd_sm90_rows &r, int qb, float (&s)[Tr::SR][4],
@@ -896,6 +898,7 @@ template <class Tr> struct attnd_sm90_consumer {
     // in the same step as w's last P V, w's rows go out after that P V, and the loop goes on
     // with wn (w, r, qb, wn, have_next and k advance), so a work tile's masked first K/V tile
     // runs under the previous tile's last P V. Returns with w's last P V done, w not stored.
+    // under_first_qk: first_tile's under_qk.
     template <class F>
     __device__ __forceinline__ void
     mainloop(attnd_sm90_tile &w, attnd_sm90_rows &r, int &qb, attnd_sm90_tile &wn, bool &have_next,
