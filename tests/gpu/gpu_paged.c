@@ -589,6 +589,33 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-wave2");
         run_paged_case(&c, rng);
     }
+    /* the narrow fp8 decode tiles (at most 8 rows) with rows of two and four tokens (positions
+     * differ per row): window + softcap + alibi at GQA 4, head 128; plain at GQA 2, head 256 */
+    {
+        static const int q[5] = {2, 1, 2, 0, 2}, x[5] = {0, 90, 301, 5, 47};
+        static const int q4[3] = {4, 3, 4}, x4[3] = {129, 0, 64};
+        base_case(&c);
+        c.hq = 8;
+        c.hk = 2;
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.window = 70;
+        c.softcap = 12.0f;
+        c.alibi = 1;
+        c.segments = 3;
+        set_seqs(&c, 5, q, x);
+        name_case(&c, "reduced-narrow");
+        run_paged_case(&c, rng);
+        base_case(&c);
+        c.hq = 4;
+        c.hk = 2;
+        c.d = 256;
+        c.bs = 32;
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.segments = 1;
+        set_seqs(&c, 3, q4, x4);
+        name_case(&c, "reduced-narrow");
+        run_paged_case(&c, rng);
+    }
     /* prefill tiles (rows > 16): window + softcap + alibi, head 256 and 64 */
     {
         static const int q[2] = {70, 33}, x[2] = {20, 0};

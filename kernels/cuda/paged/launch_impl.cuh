@@ -36,7 +36,8 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
     a.direct = (int64_t)l.max_query_len * a.group <= Tr::BLOCK_M;
     const int64_t gx = a.direct ? S : l.num_tokens * a.group / Tr::BLOCK_M + S;
     if (gx > INT_MAX || H > 65535 || a.num_segments > 65535) return cudaErrorInvalidConfiguration;
-    static_assert(!Tr::DECODE || Tr::BLOCK_M == ATTND_DECODE_BLOCK_M, "decode q-blocks");
+    static_assert(!Tr::DECODE || Tr::BLOCK_M == ATTND_DECODE_BLOCK_M || Tr::NARROW,
+                  "decode q-blocks (narrow tiles: direct only, a CTA per sequence)");
     if (a.tickets && gx * H > ATTND_CUDA_TICKETS) return cudaErrorInvalidConfiguration;
     attnd_paged_kernel<Tr><<<dim3((unsigned)gx, (unsigned)H, (unsigned)a.num_segments), Tr::THREADS,
                              Tr::SMEM_LAUNCH, l.stream>>>(a);
@@ -108,6 +109,10 @@ cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
             return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false,
                                                                 ATTND_SRC_PAGED, true>>(a, l);
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV>>(a, l);
+    } else if constexpr (CORE == ATTND_CORE_SM80_DECODE && KV == ATTND_KV_FP8 && D_PAD >= 128) {
+        if ((int64_t)l.max_query_len * a.group <= 8) // the rows fit the narrow tiles' n8 columns
+            return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, true, true>>(a, l);
+        return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, true>>(a, l);
     } else
         return attnd_paged_run_sm80<attnd_paged_traits<D_PAD, KV, CORE == ATTND_CORE_SM80_DECODE>>(
             a, l);

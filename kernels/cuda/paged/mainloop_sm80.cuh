@@ -48,11 +48,15 @@ __device__ __forceinline__ uint4 attnd_lds128(uint32_t addr)
 // ------------------------------------------------------------------ tile configuration
 
 // Prefill: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment; 16 rows at head
-// sizes above 128), 2 CTAs per SM. Decode: 16 rows, 4 warps over the tokens.
-template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
+// sizes above 128), 2 CTAs per SM. Decode: 16 rows, 4 warps over the tokens. Narrow decode (fp8
+// caches, head sizes >= 128, at most 8 rows): the products transposed, the rows as the n8
+// columns (S^T = K Q^T, O^T = V^T P^T), so that no MMA, exponential or accumulator is spent on
+// the 8 rows of an m16 tile that would be padding.
+template <int D_PAD_, int KV_, bool DECODE_, bool NARROW_ = false> struct attnd_paged_traits {
     static constexpr int D_PAD = D_PAD_; // head size padded: 64, 128 or 256
     static constexpr int KV = KV_;
     static constexpr bool DECODE = DECODE_;
+    static constexpr bool NARROW = NARROW_;
     static constexpr bool FP8 = KV == ATTND_KV_FP8;
     // bf16 caches compute in bf16; f16 and fp8 caches in f16 (fp8 -> f16 is exact).
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
@@ -63,7 +67,7 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int WARPS_N = DECODE ? 4 : 1;
     static constexpr int WARPS = WARPS_M * WARPS_N;
     static constexpr int THREADS = 32 * WARPS;
-    static constexpr int WROWS = 16 * MT; // rows per warp
+    static constexpr int WROWS = NARROW ? 8 : 16 * MT; // rows per warp
     static constexpr int BLOCK_M = WROWS * WARPS_M;
     static constexpr int BLOCK_N = DECODE ? 64 : (BIG ? 16 : 64);
     static constexpr int NW = BLOCK_N / WARPS_N; // tokens a warp handles per tile
@@ -73,11 +77,30 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr bool REVERSE = !DECODE; // prefill: heaviest (latest) q-blocks first
     // fp8 decode: K fragments straight from the fp8 stage, only V converted (for ldmatrix.trans)
     static constexpr bool K_DIRECT = FP8 && DECODE;
+    // ... and V's B fragments too (head sizes >= 128): no f16 copy of V, no ldmatrix.trans;
+    // O's columns come out permuted (o_dim)
+    static constexpr bool V_DIRECT = K_DIRECT && D_PAD >= 128;
+    // O's accumulator tiles per m-tile: n8 tiles of 8 columns, narrow: m16 tiles of 16 dims
+    static constexpr int O_TILES = NARROW ? D_PAD / 16 : D_PAD / 8;
+    // S's: n8 tiles of 8 keys, narrow: one m16 tile of 16 keys
+    static constexpr int S_TILES = NARROW ? 1 : SUB / 8;
+    // Element e of lane (g, t)'s S tile n: its key within the SUB and its row (of the lane's two)
+    static __device__ __forceinline__ int s_key(int n, int e, int g8, int t4)
+    {
+        return NARROW ? 8 * (e >> 1) + g8 : n * 8 + 2 * t4 + (e & 1);
+    }
+    static __device__ __forceinline__ int s_row(int e)
+    {
+        return NARROW ? e & 1 : e >> 1;
+    }
     // fp8 decode at head sizes <= 128 ("slim"): 3 stages and registers capped at 168 (the launch
     // bounds of three CTAs per SM), but launched with two CTAs' share of shared memory per SM
     // (SMEM_LAUNCH): three CTAs per SM measured slower where they move the wave boundaries
-    static constexpr bool SLIM = K_DIRECT && D_PAD <= 128;
-    static constexpr int MIN_BLOCKS = SLIM ? 3 : 1; // __launch_bounds__
+    static constexpr bool SLIM = K_DIRECT && D_PAD <= 128 && !NARROW;
+    // narrow tiles need at most 128 registers: four CTAs per SM at head 128 (where shared memory
+    // allows it), so that a batch of 64 sequences x 8 kv heads runs in one wave
+    static constexpr int NARROW_CTAS = D_PAD <= 128 ? 4 : 2;
+    static constexpr int MIN_BLOCKS = SLIM ? 3 : (NARROW ? NARROW_CTAS : 1); // __launch_bounds__
 
     static constexpr int KV_BYTES = FP8 ? 1 : 2;
     static constexpr int ROW_RAW = D_PAD * KV_BYTES; // bytes of a K/V row as loaded
@@ -91,15 +114,15 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static constexpr int ROWS_PER_PASS = LOADERS / CPR;
     static constexpr int LOAD_ITERS = LOAD_ROWS / ROWS_PER_PASS;
     // fp8 tiles are converted to f16 copies (decode: each warp its own tokens, V only)
-    static constexpr int CONV_BYTES = FP8 ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
+    static constexpr int CONV_BYTES = FP8 && !V_DIRECT ? (K_DIRECT ? 1 : 2) * BLOCK_N * ROW16 : 0;
     static constexpr int Q_BYTES = BLOCK_M * ROW16;
-    // decode: fp8 as many stages as fit next to a second CTA on the SM (~113 KB each; slim:
-    // ~74 KB); 16-bit caches 2 (deeper pipelines measured slower: short CTAs wait longer for
-    // their first tile)
-    static constexpr int SM_SHARE = (SLIM ? 74 : 113) * 1024;
+    // decode: fp8 as many stages as fit next to a second CTA on the SM (~113 KB each; narrow at
+    // head 128: a fourth of the SM), slim tiles 3 (4 measured slower, bench/RESULTS.md); 16-bit
+    // caches 2 (deeper pipelines measured slower: short CTAs wait longer for their first tile)
+    static constexpr int SM_SHARE = (SLIM ? 74 : (NARROW_CTAS == 4 && NARROW ? 56 : 113)) * 1024;
     static constexpr int NSTAGES_FIT = (SM_SHARE - Q_BYTES - CONV_BYTES) / (2 * TILE_RAW);
-    static constexpr int NSTAGES =
-        DECODE && FP8 ? (NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT)) : 2;
+    static constexpr int NSTAGES_FP8 = NSTAGES_FIT < 2 ? 2 : (NSTAGES_FIT > 6 ? 6 : NSTAGES_FIT);
+    static constexpr int NSTAGES = DECODE && FP8 ? (SLIM && NSTAGES_FP8 > 3 ? 3 : NSTAGES_FP8) : 2;
     static constexpr int PIPE_OFF = Q_BYTES;
     static constexpr int PIPE_BYTES = NSTAGES * 2 * TILE_RAW;
     static constexpr int CONV_OFF = PIPE_OFF + PIPE_BYTES;
@@ -117,17 +140,33 @@ template <int D_PAD_, int KV_, bool DECODE_> struct attnd_paged_traits {
     static_assert(LOADERS % CPR == 0 && LOAD_ROWS % ROWS_PER_PASS == 0, "load slots tile exactly");
     static_assert(ROW16 % 128 == 0, "swizzle needs rows of >= 8 chunks");
     static_assert(NSTAGES >= 2, "pipeline depth");
+    static_assert(!NARROW || (V_DIRECT && SUB == 16 && MT == 1), "narrow: fp8 decode, head >= 128");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     static_assert(!SLIM || SMEM_BYTES <= SM_SHARE, "slim tiles fit their share");
     static_assert((Q_BYTES % 128) == 0 && (TILE_RAW % 128) == 0, "stage alignment");
-    static_assert(!FP8 || ROWS_PER_PASS % 2 == 0, "a loader slot keeps its row parity");
+    static_assert((ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0, "loader rows: a power of two");
 
-    // Byte offset of 16-byte chunk ch of row r in an fp8 stage: odd rows XOR the chunk with 4
-    // (rows of >= 8 chunks), so 16-byte reads of rows r and r + 1 in one quarter-warp (the
-    // direct K fragments) hit distinct banks.
+    // The XOR key of an fp8 stage's row r (rows of >= 8 chunks): bit 2 = r0 ^ r2, bit 1 = r1.
+    // 16-byte reads in one quarter-warp then hit distinct banks both for the direct K fragments
+    // (rows r, r + 1 at chunks c..c + 3) and the direct V fragments (rows 0, 2, 4, 6 or 1, 3, 5,
+    // 7 at chunks c, c + 1). Linear in r's bits: key(a | b) = key(a) ^ key(b).
+    static __host__ __device__ __forceinline__ constexpr int raw_key(int r)
+    {
+        return CPR >= 8 ? ((((r ^ (r >> 2)) & 1) << 2) | (r & 2)) : 0;
+    }
+    // Byte offset of 16-byte chunk ch of row r in an fp8 stage.
     static __device__ __forceinline__ int raw_off(int r, int ch)
     {
-        return r * ROW_RAW + ((ch ^ (CPR >= 8 ? (r & 1) << 2 : 0)) << 4);
+        return r * ROW_RAW + ((ch ^ raw_key(r)) << 4);
+    }
+    // The head dimension that column c (0..7) of O's n8 tile n holds: n * 8 + c, or with V's
+    // fragments direct (lane g's B columns are bytes 16 g.. of each 128-byte half row) 16 c + n
+    // within each 128 columns. Narrow (O^T): the dimension of row c of m16 tile n (row c + 8:
+    // the next one), bytes 2n, 2n + 1 of lane c's 16 bytes of a 128-byte half row.
+    static __device__ __forceinline__ int o_dim(int n, int c)
+    {
+        if (NARROW) return 128 * (n >> 3) + 16 * c + 2 * (n & 7);
+        return V_DIRECT ? 128 * (n >> 4) + 16 * c + (n & 15) : n * 8 + c;
     }
 };
 
@@ -227,13 +266,16 @@ template <class Tr> struct attnd_kv_loader {
                (Tr::FP8 ? (uint32_t)Tr::raw_off(row0, chunk) : attnd_swz(row0, chunk, Tr::ROW_RAW));
     }
 
-    // Row pass i's K slot in stage buffer buf (its V slot TILE_RAW on): rows 8 apart share the
-    // swizzle key, a constant offset from the thread's first slot.
+    // Row pass i's K slot in stage buffer buf (its V slot TILE_RAW on). fp8: the thread's first
+    // row (row0 mod ROWS_PER_PASS) and i * ROWS_PER_PASS share no bits, so the slot is the first
+    // one plus whole rows, its chunk XORed with raw_key(i * ROWS_PER_PASS) (both constants).
     __device__ __forceinline__ uint32_t slot(int i, int buf) const
     {
         const int r = row0 + i * Tr::ROWS_PER_PASS;
+        const uint32_t key = (uint32_t)Tr::raw_key(i * Tr::ROWS_PER_PASS) << 4;
         return Tr::FP8 || Tr::ROWS_PER_PASS % 8 == 0
-                   ? sdst + buf * 2 * Tr::TILE_RAW + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)
+                   ? ((sdst + (uint32_t)(i * Tr::ROWS_PER_PASS * Tr::ROW_RAW)) ^ key) +
+                         buf * 2 * Tr::TILE_RAW
                    : spipe + buf * 2 * Tr::TILE_RAW + attnd_swz(r, chunk, Tr::ROW_RAW);
     }
 
@@ -346,9 +388,9 @@ __device__ __forceinline__ void attnd_sm80_load_q(const attnd_paged_kargs &a, un
 // returns the factor that still multiplies s on the way into exp2 (the scale on the fast path).
 template <class Tr>
 __device__ __forceinline__ float
-attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4],
+attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::S_TILES][4],
                   const int (&pos)[Tr::MT][2], const float (&slope2)[Tr::MT][2], int t0, int hi,
-                  int t4, bool need_mask)
+                  int g8, int t4, bool need_mask)
 {
     const int sw = a.p.sliding_window;
     const float cap = a.p.softcap;
@@ -357,11 +399,11 @@ attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4]
 #pragma unroll
         for (int mt = 0; mt < Tr::MT; mt++)
 #pragma unroll
-            for (int n = 0; n < Tr::SUB / 8; n++)
+            for (int n = 0; n < Tr::S_TILES; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, ps = pos[mt][r];
-                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
+                    const int r = Tr::s_row(e), ps = pos[mt][r];
+                    const int t = t0 + Tr::s_key(n, e, g8, t4);
                     float x = s[mt][n][e] * a.qk_scale;
                     if (cap > 0.0f) x = cap * attnd_tanh(x * inv_cap);
                     x = x * ATTND_LOG2E + slope2[mt][r] * (float)(t - ps);
@@ -374,11 +416,11 @@ attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4]
 #pragma unroll
         for (int mt = 0; mt < Tr::MT; mt++)
 #pragma unroll
-            for (int n = 0; n < Tr::SUB / 8; n++)
+            for (int n = 0; n < Tr::S_TILES; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int t = t0 + n * 8 + 2 * t4 + (e & 1);
-                    if (!attnd_paged_visible(t, pos[mt][e >> 1], hi, sw))
+                    const int t = t0 + Tr::s_key(n, e, g8, t4);
+                    if (!attnd_paged_visible(t, pos[mt][Tr::s_row(e)], hi, sw))
                         s[mt][n][e] = attnd_neg_inf();
                 }
     }
@@ -388,9 +430,9 @@ attnd_sm80_logits(const attnd_paged_kargs &a, float (&s)[Tr::MT][Tr::SUB / 8][4]
 // Online softmax of logits s (times c) into probabilities; the rows' maxima m and sums l
 // updated, O rescaled (skipped when no row max of the warp moved).
 template <class Tr>
-__device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::SUB / 8][4], float c,
+__device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::S_TILES][4], float c,
                                                    float (&m_r)[Tr::MT][2], float (&l_r)[Tr::MT][2],
-                                                   float (&o)[Tr::MT][Tr::D_PAD / 8][4])
+                                                   float (&o)[Tr::MT][Tr::O_TILES][4])
 {
 #pragma unroll
     for (int mt = 0; mt < Tr::MT; mt++) {
@@ -434,13 +476,42 @@ __device__ __forceinline__ void attnd_sm80_softmax(float (&s)[Tr::MT][Tr::SUB / 
     }
 }
 
+// The online softmax of narrow tiles (S^T: lane (g, t) holds keys g, g + 8 of rows 2t, 2t + 1),
+// as attnd_sm80_softmax: each row's maximum over the 8 lanes of its column.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_softmax_narrow(float (&s)[1][1][4], float c,
+                                                          float (&m_r)[1][2], float (&l_r)[1][2],
+                                                          float (&o)[1][Tr::O_TILES][4])
+{
+    float ms[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float m_new = fmaxf(m_r[0][r], attnd_col_max(fmaxf(s[0][0][r], s[0][0][r + 2])) * c);
+        ms[r] = attnd_softmax_safe_max(m_new);
+        alpha[r] = m_r[0][r] == attnd_neg_inf() ? 1.0f : attnd_exp2(m_r[0][r] - ms[r]);
+        m_r[0][r] = m_new;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        s[0][0][e] = attnd_exp2(fmaf(s[0][0][e], c, -ms[e & 1]));
+    l_r[0][0] = l_r[0][0] * alpha[0] + (s[0][0][0] + s[0][0][2]);
+    l_r[0][1] = l_r[0][1] * alpha[1] + (s[0][0][1] + s[0][0][3]);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < Tr::O_TILES; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[0][n][e] *= alpha[e & 1];
+    }
+}
+
 // Epilogue through shared memory (warps that split the tokens, partial 3D outputs, unaligned
 // outputs): per-warp O, m, l -> smem (attnd_sm80_stash), then per row the warps' states merged
 // (attnd_sm80_combine), normalised and stored (attnd_sm80_store_row: final output and LSE, or
 // the segment's partial). eo: WARPS_N x BLOCK_M rows of EPI_STRIDE floats; eml: (m, l) pairs.
 template <class Tr>
 __device__ __forceinline__ void
-attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::D_PAD / 8][4],
+attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::O_TILES][4],
                  const float (&m_r)[Tr::MT][2], const float (&l_r)[Tr::MT][2], int wm, int wn,
                  int lane)
 {
@@ -451,10 +522,19 @@ attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::D_PAD / 8][
         const int rbase = wn * Tr::BLOCK_M + wm * Tr::WROWS + mt * 16 + g8;
 #pragma unroll
         for (int n = 0; n < Tr::D_PAD / 8; n++) {
-            const int col = n * 8 + 2 * t4;
-            *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[mt][n][0], o[mt][n][1]);
-            *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
-                make_float2(o[mt][n][2], o[mt][n][3]);
+            const int col = Tr::o_dim(n, 2 * t4);
+            if (Tr::V_DIRECT) { // the pair's columns lie 16 apart
+                const int col1 = Tr::o_dim(n, 2 * t4 + 1);
+                eo[rbase * Tr::EPI_STRIDE + col] = o[mt][n][0];
+                eo[rbase * Tr::EPI_STRIDE + col1] = o[mt][n][1];
+                eo[(rbase + 8) * Tr::EPI_STRIDE + col] = o[mt][n][2];
+                eo[(rbase + 8) * Tr::EPI_STRIDE + col1] = o[mt][n][3];
+            } else {
+                *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) =
+                    make_float2(o[mt][n][0], o[mt][n][1]);
+                *(float2 *)(eo + (rbase + 8) * Tr::EPI_STRIDE + col) =
+                    make_float2(o[mt][n][2], o[mt][n][3]);
+            }
         }
         if (t4 == 0) {
             eml[2 * rbase] = m_r[mt][0];
@@ -462,6 +542,31 @@ attnd_sm80_stash(float *eo, float *eml, const float (&o)[Tr::MT][Tr::D_PAD / 8][
             eml[2 * (rbase + 8)] = m_r[mt][1];
             eml[2 * (rbase + 8) + 1] = lq1;
         }
+    }
+}
+
+// attnd_sm80_stash for narrow tiles (O^T: lane (g, t) holds rows 2t, 2t + 1 of the dimensions
+// o_dim(mt, g) and o_dim(mt, g) + 1; the sums l over the column's 8 lanes).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_stash_narrow(float *eo, float *eml, const float (&o)[1][Tr::O_TILES][4],
+                        const float (&m_r)[1][2], const float (&l_r)[1][2], int wn, int lane)
+{
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const float lq0 = attnd_col_sum(l_r[0][0]), lq1 = attnd_col_sum(l_r[0][1]);
+    const int rbase = wn * Tr::BLOCK_M + 2 * t4;
+#pragma unroll
+    for (int mt = 0; mt < Tr::O_TILES; mt++) {
+        const int col = Tr::o_dim(mt, g8);
+        *(float2 *)(eo + rbase * Tr::EPI_STRIDE + col) = make_float2(o[0][mt][0], o[0][mt][2]);
+        *(float2 *)(eo + (rbase + 1) * Tr::EPI_STRIDE + col) =
+            make_float2(o[0][mt][1], o[0][mt][3]);
+    }
+    if (g8 == 0) {
+        eml[2 * rbase] = m_r[0][0];
+        eml[2 * rbase + 1] = lq0;
+        eml[2 * (rbase + 1)] = m_r[0][1];
+        eml[2 * (rbase + 1) + 1] = lq1;
     }
 }
 
@@ -530,7 +635,7 @@ __device__ __forceinline__ void attnd_sm80_store_row(const attnd_paged_kargs &a,
 template <class Tr>
 __device__ __forceinline__ void
 attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
-                       const float (&o)[Tr::MT][Tr::D_PAD / 8][4], const float (&m_r)[Tr::MT][2],
+                       const float (&o)[Tr::MT][Tr::O_TILES][4], const float (&m_r)[Tr::MT][2],
                        const float (&l_r)[Tr::MT][2], int wm, int wn, int row0, int rows_total,
                        int q_start, int kvh, int seg, int tid)
 {
@@ -539,7 +644,10 @@ attnd_sm80_merge_store(const attnd_paged_kargs &a, unsigned char *smem,
     float *eo = (float *)smem;
     float *eml = eo + Tr::WARPS_N * Tr::BLOCK_M * Tr::EPI_STRIDE;
     __syncthreads();
-    attnd_sm80_stash<Tr>(eo, eml, o, m_r, l_r, wm, wn, tid & 31);
+    if constexpr (Tr::NARROW)
+        attnd_sm80_stash_narrow<Tr>(eo, eml, o, m_r, l_r, wn, tid & 31);
+    else
+        attnd_sm80_stash<Tr>(eo, eml, o, m_r, l_r, wm, wn, tid & 31);
     __syncthreads();
 #pragma unroll 1
     for (int c = tid; c < Tr::BLOCK_M * C4; c += Tr::THREADS) {
@@ -587,7 +695,7 @@ __device__ __forceinline__ bool attnd_sm80_cta_rows(const attnd_paged_kargs &a, 
 // (q_a: this lane's ldmatrix row), K rows at k_a; qx / kx: the lanes' swizzled chunk offsets.
 template <class Tr>
 __device__ __forceinline__ void
-attnd_sm80_qk(float (&s)[Tr::MT][Tr::SUB / 8][4],
+attnd_sm80_qk(float (&s)[Tr::MT][Tr::S_TILES][4],
               const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t q_a,
               const uint32_t (&qx)[4], uint32_t k_a, const uint32_t (&kx)[4])
 {
@@ -638,10 +746,10 @@ __device__ __forceinline__ void attnd_sm80_q_frag_k8(uint32_t sq_a, int kk, int 
     attnd_lds64(sq_a + attnd_swz(g8 + 8, ch, Tr::ROW16) + off, &af[1], &af[3]);
 }
 
-// This lane's fp8 K chunks of SUB keys from the stage: k_a is its K row (g, in n-tile 0) at
-// chunk t, kx its swizzle (Tr::raw_off: 64 in odd rows). Loaded before the warp converts its V
-// rows, so that their latency hides under that work (the first conversion of K waited for them:
-// 6.5% of the fp8 decode's stall samples).
+// This lane's fp8 K chunks of SUB keys from the stage: k_a is its K row (g, in n-tile 0), kx
+// the byte offset of its chunk t there, swizzled (Tr::raw_off); chunk 4c + t lies at kx ^ 64 c.
+// Loaded before the warp's other shared-memory work, so that their latency hides under it (the
+// first conversion of K waited for them: 6.5% of the fp8 decode's stall samples).
 template <class Tr>
 __device__ __forceinline__ void attnd_sm80_k8_load(uint4 (&wk)[Tr::D_PAD / 64][Tr::SUB / 8],
                                                    uint32_t k_a, uint32_t kx)
@@ -650,14 +758,15 @@ __device__ __forceinline__ void attnd_sm80_k8_load(uint4 (&wk)[Tr::D_PAD / 64][T
     for (int c = 0; c < Tr::D_PAD / 64; c++)
 #pragma unroll
         for (int n = 0; n < Tr::SUB / 8; n++)
-            wk[c][n] = attnd_lds128(k_a + n * 8 * Tr::ROW_RAW + ((uint32_t)(64 * c) ^ kx));
+            wk[c][n] = attnd_lds128(k_a + n * 8 * Tr::ROW_RAW + 128 * (c >> 1) +
+                                    (kx ^ (uint32_t)(64 * (c & 1))));
 }
 
 // S = Q K^T for SUB keys from the K chunks above; Q from registers (qf, in the order above) or
 // from sq_a.
 template <class Tr>
 __device__ __forceinline__ void
-attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::SUB / 8][4],
+attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::S_TILES][4],
                  const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t sq_a,
                  int lane, const uint4 (&wk)[Tr::D_PAD / 64][Tr::SUB / 8])
 {
@@ -692,8 +801,8 @@ attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::SUB / 8][4],
 
 // O += P V: P from the probabilities s (compute type), V rows at v_a (ldmatrix.trans).
 template <class Tr>
-__device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][4],
-                                              const float (&s)[Tr::MT][Tr::SUB / 8][4],
+__device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::O_TILES][4],
+                                              const float (&s)[Tr::MT][Tr::S_TILES][4],
                                               uint32_t v_a, const uint32_t (&vx)[4])
 {
     typedef typename Tr::TC TC;
@@ -716,6 +825,132 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::D_PAD / 8][
                 attnd_mma<TC>::run(o[mt][2 * n2], pa[mt], bf[0], bf[1]);
                 attnd_mma<TC>::run(o[mt][2 * n2 + 1], pa[mt], bf[2], bf[3]);
             }
+        }
+    }
+}
+
+// O += P V with V's B fragments straight from the fp8 stage (Tr::V_DIRECT, SUB == 16 keys):
+// lane (g, t) reads 16 bytes at chunk g (+ 8 per 128 columns) of V rows 2t, 2t + 1, 2t + 8 and
+// 2t + 9 and pairs their bytes (PRMT), byte n of the chunk being column g of n8 tile n (o_dim).
+// v_a: the warp's first V row in the stage.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_pv_v8(float (&o)[Tr::MT][Tr::O_TILES][4],
+                                                 const float (&s)[Tr::MT][Tr::S_TILES][4],
+                                                 uint32_t v_a, int lane)
+{
+    typedef typename Tr::TC TC;
+    static_assert(Tr::V_DIRECT && Tr::MT == 1 && Tr::SUB == 16, "decode tiles");
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const uint32_t r0 = 2 * t4, r1 = 2 * t4 + 1;
+    const uint32_t a0 = v_a + r0 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r0)) << 4);
+    const uint32_t a1 = v_a + r1 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r1)) << 4);
+    uint32_t pa[4];
+    pa[0] = attnd_tc<TC>::pack(s[0][0][0], s[0][0][1]);
+    pa[1] = attnd_tc<TC>::pack(s[0][0][2], s[0][0][3]);
+    pa[2] = attnd_tc<TC>::pack(s[0][1][0], s[0][1][1]);
+    pa[3] = attnd_tc<TC>::pack(s[0][1][2], s[0][1][3]);
+#pragma unroll
+    for (int h = 0; h < Tr::D_PAD / 128; h++) {
+        // rows 2t, 2t + 1 (B's k 2t, 2t + 1) and 2t + 8, 2t + 9 (k + 8)
+        const uint4 x0 = attnd_lds128(a0 + 128 * h), x1 = attnd_lds128(a1 + 128 * h);
+        const uint4 y0 = attnd_lds128(a0 + 8 * Tr::ROW_RAW + 128 * h);
+        const uint4 y1 = attnd_lds128(a1 + 8 * Tr::ROW_RAW + 128 * h);
+        const uint32_t xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
+        const uint32_t yw0[4] = {y0.x, y0.y, y0.z, y0.w}, yw1[4] = {y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            // bytes b, b + 1 of the two rows as (row 2t, row 2t + 1) pairs
+            const uint32_t xl = __byte_perm(xw0[w], xw1[w], 0x5140);
+            const uint32_t xh = __byte_perm(xw0[w], xw1[w], 0x7362);
+            const uint32_t yl = __byte_perm(yw0[w], yw1[w], 0x5140);
+            const uint32_t yh = __byte_perm(yw0[w], yw1[w], 0x7362);
+            float(&oo)[Tr::O_TILES][4] = o[0];
+            const int n = 16 * h + 4 * w;
+            attnd_mma<TC>::run(oo[n], pa, attnd_fp8x2_to_half2<0>(xl), attnd_fp8x2_to_half2<0>(yl));
+            attnd_mma<TC>::run(oo[n + 1], pa, attnd_fp8x2_to_half2<1>(xl),
+                               attnd_fp8x2_to_half2<1>(yl));
+            attnd_mma<TC>::run(oo[n + 2], pa, attnd_fp8x2_to_half2<0>(xh),
+                               attnd_fp8x2_to_half2<0>(yh));
+            attnd_mma<TC>::run(oo[n + 3], pa, attnd_fp8x2_to_half2<1>(xh),
+                               attnd_fp8x2_to_half2<1>(yh));
+        }
+    }
+}
+
+// Narrow tiles: S^T = K Q^T for the warp's 16 keys, K (A, rows = keys g and g + 8) from this
+// lane's fp8 chunks (attnd_sm80_k8_load, the k order of attnd_sm80_qk_k8), Q (B) row g from
+// registers (qf[kk][0..1]) or shared memory. Even and odd k-steps accumulate apart (two chains).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_qk_narrow(float (&s)[1][1][4],
+                     const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4], uint32_t sq_a,
+                     int lane, const uint4 (&wk)[Tr::D_PAD / 64][2])
+{
+    typedef typename Tr::TC TC;
+    static_assert(Tr::NARROW && Tr::SUB == 16, "narrow decode tiles");
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int c = 0; c < Tr::D_PAD / 64; c++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int kk = 4 * c + q;
+            uint32_t b0, b1;
+            if (Tr::Q_IN_REGS) {
+                b0 = qf[Tr::Q_IN_REGS ? kk : 0][0];
+                b1 = qf[Tr::Q_IN_REGS ? kk : 0][1];
+            } else {
+                const int ch = 8 * c + 2 * (lane & 3) + (q >> 1);
+                attnd_lds64(sq_a + attnd_swz(lane >> 2, ch, Tr::ROW16) + 8 * (q & 1), &b0, &b1);
+            }
+            const uint4 &x = wk[c][0], &y = wk[c][1];
+            const uint32_t xw = q == 0 ? x.x : (q == 1 ? x.y : (q == 2 ? x.z : x.w));
+            const uint32_t yw = q == 0 ? y.x : (q == 1 ? y.y : (q == 2 ? y.z : y.w));
+            const uint32_t af[4] = {attnd_fp8x2_to_half2<0>(xw), attnd_fp8x2_to_half2<0>(yw),
+                                    attnd_fp8x2_to_half2<1>(xw), attnd_fp8x2_to_half2<1>(yw)};
+            attnd_mma<TC>::run(acc[kk & 1], af, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        s[0][0][e] = acc[0][e] + acc[1][e];
+}
+
+// Narrow tiles: O^T += V^T P^T. P^T (B) from the probabilities by two transposes (keys 0..7,
+// 8..15); V^T (A) from the fp8 stage as attnd_sm80_pv_v8 reads it, lane (g, t) pairing rows 2t,
+// 2t + 1 (and 2t + 8, 2t + 9) at each byte of its 16: bytes 2n, 2n + 1 are rows g, g + 8 of m16
+// tile n (o_dim). v_a: the warp's first V row in the stage.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_pv_narrow(float (&o)[1][Tr::O_TILES][4],
+                                                     const float (&s)[1][1][4], uint32_t v_a,
+                                                     int lane)
+{
+    typedef typename Tr::TC TC;
+    static_assert(Tr::NARROW && Tr::SUB == 16, "narrow decode tiles");
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const uint32_t r0 = 2 * t4, r1 = 2 * t4 + 1;
+    const uint32_t a0 = v_a + r0 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r0)) << 4);
+    const uint32_t a1 = v_a + r1 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r1)) << 4);
+    const uint32_t b0 = attnd_movm_trans(attnd_tc<TC>::pack(s[0][0][0], s[0][0][1]));
+    const uint32_t b1 = attnd_movm_trans(attnd_tc<TC>::pack(s[0][0][2], s[0][0][3]));
+#pragma unroll
+    for (int h = 0; h < Tr::D_PAD / 128; h++) {
+        const uint4 x0 = attnd_lds128(a0 + 128 * h), x1 = attnd_lds128(a1 + 128 * h);
+        const uint4 y0 = attnd_lds128(a0 + 8 * Tr::ROW_RAW + 128 * h);
+        const uint4 y1 = attnd_lds128(a1 + 8 * Tr::ROW_RAW + 128 * h);
+        const uint32_t xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
+        const uint32_t yw0[4] = {y0.x, y0.y, y0.z, y0.w}, yw1[4] = {y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const uint32_t xl = __byte_perm(xw0[w], xw1[w], 0x5140);
+            const uint32_t xh = __byte_perm(xw0[w], xw1[w], 0x7362);
+            const uint32_t yl = __byte_perm(yw0[w], yw1[w], 0x5140);
+            const uint32_t yh = __byte_perm(yw0[w], yw1[w], 0x7362);
+            const uint32_t al[4] = {attnd_fp8x2_to_half2<0>(xl), attnd_fp8x2_to_half2<1>(xl),
+                                    attnd_fp8x2_to_half2<0>(yl), attnd_fp8x2_to_half2<1>(yl)};
+            const uint32_t ah[4] = {attnd_fp8x2_to_half2<0>(xh), attnd_fp8x2_to_half2<1>(xh),
+                                    attnd_fp8x2_to_half2<0>(yh), attnd_fp8x2_to_half2<1>(yh)};
+            attnd_mma<TC>::run(o[0][8 * h + 2 * w], al, b0, b1);
+            attnd_mma<TC>::run(o[0][8 * h + 2 * w + 1], ah, b0, b1);
         }
     }
 }
@@ -841,9 +1076,9 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-            attnd_paged_row(a, wrow0 + mt * 16 + g8 + r * 8, rows_total, ctx, kvh, &pos[mt][r],
-                            &slope2[mt][r]);
+        for (int r = 0; r < 2; r++) // narrow: rows 2t, 2t + 1 (S^T's columns)
+            attnd_paged_row(a, wrow0 + (Tr::NARROW ? 2 * t4 + r : mt * 16 + g8 + r * 8), rows_total,
+                            ctx, kvh, &pos[mt][r], &slope2[mt][r]);
     const bool warp_has_rows = wrow0 < rows_total;
     const int wpos_min = ctx + wrow0 / g;
     const int wpos_max = ctx + (min(wrow0 + Tr::WROWS - 1, rows_total - 1)) / g;
@@ -949,21 +1184,25 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     if (Tr::Q_IN_REGS) {
 #pragma unroll
         for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++) {
-            if (Tr::K_DIRECT)
+            if (Tr::NARROW) { // B of S^T = K Q^T: row g's A pairs of attnd_sm80_q_frag_k8
+                const int c = kk >> 2, q = kk & 3, ch = 8 * c + 2 * t4 + (q >> 1);
+                attnd_lds64(sq_a + attnd_swz(g8, ch, ROW16) + 8 * (q & 1), &qf[kk][0], &qf[kk][1]);
+                qf[kk][2] = qf[kk][3] = 0u;
+            } else if (Tr::K_DIRECT)
                 attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, qf[kk]);
             else
                 attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
         }
     }
     // fp8 decode: this lane's K row (g8 of the warp's first n-tile) in a stage, and its swizzle
-    const uint32_t k8_lane = (uint32_t)((wn * NW + g8) * Tr::ROW_RAW + 16 * t4);
-    const uint32_t k8_x = (uint32_t)(Tr::CPR >= 8 ? (g8 & 1) << 6 : 0);
+    const uint32_t k8_lane = (uint32_t)((wn * NW + g8) * Tr::ROW_RAW);
+    const uint32_t k8_x = (uint32_t)(t4 ^ Tr::raw_key(g8)) << 4;
 
-    float o[MT][D_PAD / 8][4];
+    float o[MT][Tr::O_TILES][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < D_PAD / 8; n++)
+        for (int n = 0; n < Tr::O_TILES; n++)
             o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m_r[MT][2], l_r[MT][2];
 #pragma unroll
@@ -1005,28 +1244,46 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
                 continue; // nothing visible to this warp's rows
             const bool need_mask = !attnd_paged_unmasked(t0, t1, hi, wpos_min, wpos_max, sw);
 
-            // S = Q K^T (MT x 16 rows x SUB tokens)
-            float s[MT][SUB / 8][4];
-            if constexpr (Tr::K_DIRECT) {
-                // decode: K straight from the fp8 stage; the warp converts its own V rows
-                // (SUB == NW) for ldmatrix.trans
+            float s[MT][Tr::S_TILES][4];
+            if constexpr (Tr::NARROW) { // transposed: S^T, softmax by columns, O^T
                 uint4 wk[D_PAD / 64][SUB / 8];
                 attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
-                __syncwarp();
-                attnd_fp8_tiles_to_f16<Tr, NW, 32, 8, true>(rk, rv, sconv, sconv, wn * NW, lane);
-                attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
-                __syncwarp();
-                vt_a = sconv_a;
+                attnd_sm80_qk_narrow<Tr>(s, qf, sq_a, lane, wk);
+                const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
+                attnd_sm80_softmax_narrow<Tr>(s, c, m_r, l_r, o);
+                attnd_sm80_pv_narrow<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
             } else {
-                attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16, kx);
+                // S = Q K^T (MT x 16 rows x SUB tokens)
+                if constexpr (Tr::V_DIRECT) { // decode: K and V straight from the fp8 stage
+                    uint4 wk[D_PAD / 64][SUB / 8];
+                    attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
+                    attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
+                } else if constexpr (Tr::K_DIRECT) {
+                    // decode: K straight from the fp8 stage; the warp converts its own V rows
+                    // (SUB == NW) for ldmatrix.trans
+                    uint4 wk[D_PAD / 64][SUB / 8];
+                    attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
+                    __syncwarp();
+                    attnd_fp8_tiles_to_f16<Tr, NW, 32, 8, true>(rk, rv, sconv, sconv, wn * NW,
+                                                                lane);
+                    attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
+                    __syncwarp();
+                    vt_a = sconv_a;
+                } else {
+                    attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16,
+                                      kx);
+                }
+
+                // logits (log2 domain) with masks, then the online softmax
+                const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
+                attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
+
+                // O += P V
+                if constexpr (Tr::V_DIRECT)
+                    attnd_sm80_pv_v8<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
+                else
+                    attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
             }
-
-            // logits (log2 domain) with masks, then the online softmax
-            const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, t4, need_mask);
-            attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
-
-            // O += P V
-            attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
         } // h
         buf = buf + 1 == NSTAGES ? 0 : buf + 1;
     }

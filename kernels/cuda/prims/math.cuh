@@ -271,6 +271,22 @@ __device__ __forceinline__ float attnd_quad_sum(float x)
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Over the 8 threads sharing t = lane % 4 (lanes t, t + 4, ..), which share a column of a C
+// fragment.
+__device__ __forceinline__ float attnd_col_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+
+__device__ __forceinline__ float attnd_col_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 __device__ __forceinline__ float attnd_warp_max(float x)
 {
 #pragma unroll

@@ -49,6 +49,15 @@ __device__ __forceinline__ void attnd_cp_async8(uint32_t dst, const void *src, i
                  "r"(src_bytes));
 }
 
+// The 8x8 matrix of 16-bit pairs the warp holds as a C-fragment row each (lane (g, t): row g,
+// columns 2t, 2t + 1), transposed: lane (g, t) gets rows 2t, 2t + 1 of column g.
+__device__ __forceinline__ uint32_t attnd_movm_trans(uint32_t x)
+{
+    uint32_t r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+
 __device__ __forceinline__ void attnd_cp_async_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
