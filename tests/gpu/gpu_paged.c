@@ -571,7 +571,8 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-split");
         run_paged_case(&c, rng);
     }
-    /* unsplit decode of more pairs than two CTAs per SM (a second wave of CTAs), fp8 */
+    /* unsplit decode of more (sequence, kv head) pairs than the SMs hold CTAs at once (a second
+     * wave: 640 pairs; narrow tiles run 4 CTAs per SM, 528 on 132 SMs), fp8 */
     {
         static const int x[8] = {0, 1, 63, 64, 65, 200, 17, 130};
         int q[40], xx[40];
@@ -580,8 +581,8 @@ static void reduced_grid(attnd_rng *rng)
             xx[s] = x[s % 8];
         }
         base_case(&c);
-        c.hq = 32;
-        c.hk = 8;
+        c.hq = 64;
+        c.hk = 16;
         c.cache_dt = ATTND_DTYPE_FP8_E4M3;
         c.segments = 1;
         c.sinks = 1;

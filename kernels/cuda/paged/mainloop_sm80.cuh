@@ -829,6 +829,32 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::O_TILES][4]
     }
 }
 
+// This lane's V bytes of 128-column half h from the fp8 stage, paired for direct fragments:
+// lane (g, t) reads 16 bytes at chunk g of rows 2t, 2t + 1 (x) and 2t + 8, 2t + 9 (y) (v_a: the
+// warp's first V row); word w's bytes b = 4w + 0, 1 as (row 2t, row 2t + 1) pairs in xl[w] (b = 4w
+// + 2, 3 in xh[w]), rows 2t + 8, 2t + 9 in yl, yh.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_v8_pairs(uint32_t v_a, int lane, int h,
+                                                    uint32_t (&xl)[4], uint32_t (&xh)[4],
+                                                    uint32_t (&yl)[4], uint32_t (&yh)[4])
+{
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const uint32_t r0 = 2 * t4, r1 = 2 * t4 + 1;
+    const uint32_t a0 = v_a + r0 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r0)) << 4) + 128 * h;
+    const uint32_t a1 = v_a + r1 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r1)) << 4) + 128 * h;
+    const uint4 x0 = attnd_lds128(a0), x1 = attnd_lds128(a1);
+    const uint4 y0 = attnd_lds128(a0 + 8 * Tr::ROW_RAW), y1 = attnd_lds128(a1 + 8 * Tr::ROW_RAW);
+    const uint32_t xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
+    const uint32_t yw0[4] = {y0.x, y0.y, y0.z, y0.w}, yw1[4] = {y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        xl[w] = __byte_perm(xw0[w], xw1[w], 0x5140);
+        xh[w] = __byte_perm(xw0[w], xw1[w], 0x7362);
+        yl[w] = __byte_perm(yw0[w], yw1[w], 0x5140);
+        yh[w] = __byte_perm(yw0[w], yw1[w], 0x7362);
+    }
+}
+
 // O += P V with V's B fragments straight from the fp8 stage (Tr::V_DIRECT, SUB == 16 keys):
 // lane (g, t) reads 16 bytes at chunk g (+ 8 per 128 columns) of V rows 2t, 2t + 1, 2t + 8 and
 // 2t + 9 and pairs their bytes (PRMT), byte n of the chunk being column g of n8 tile n (o_dim).
@@ -840,10 +866,6 @@ __device__ __forceinline__ void attnd_sm80_pv_v8(float (&o)[Tr::MT][Tr::O_TILES]
 {
     typedef typename Tr::TC TC;
     static_assert(Tr::V_DIRECT && Tr::MT == 1 && Tr::SUB == 16, "decode tiles");
-    const int g8 = lane >> 2, t4 = lane & 3;
-    const uint32_t r0 = 2 * t4, r1 = 2 * t4 + 1;
-    const uint32_t a0 = v_a + r0 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r0)) << 4);
-    const uint32_t a1 = v_a + r1 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r1)) << 4);
     uint32_t pa[4];
     pa[0] = attnd_tc<TC>::pack(s[0][0][0], s[0][0][1]);
     pa[1] = attnd_tc<TC>::pack(s[0][0][2], s[0][0][3]);
@@ -851,28 +873,20 @@ __device__ __forceinline__ void attnd_sm80_pv_v8(float (&o)[Tr::MT][Tr::O_TILES]
     pa[3] = attnd_tc<TC>::pack(s[0][1][2], s[0][1][3]);
 #pragma unroll
     for (int h = 0; h < Tr::D_PAD / 128; h++) {
-        // rows 2t, 2t + 1 (B's k 2t, 2t + 1) and 2t + 8, 2t + 9 (k + 8)
-        const uint4 x0 = attnd_lds128(a0 + 128 * h), x1 = attnd_lds128(a1 + 128 * h);
-        const uint4 y0 = attnd_lds128(a0 + 8 * Tr::ROW_RAW + 128 * h);
-        const uint4 y1 = attnd_lds128(a1 + 8 * Tr::ROW_RAW + 128 * h);
-        const uint32_t xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
-        const uint32_t yw0[4] = {y0.x, y0.y, y0.z, y0.w}, yw1[4] = {y1.x, y1.y, y1.z, y1.w};
+        uint32_t xl[4], xh[4], yl[4], yh[4]; // B's k 2t, 2t + 1 (x) and k + 8 (y)
+        attnd_sm80_v8_pairs<Tr>(v_a, lane, h, xl, xh, yl, yh);
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            // bytes b, b + 1 of the two rows as (row 2t, row 2t + 1) pairs
-            const uint32_t xl = __byte_perm(xw0[w], xw1[w], 0x5140);
-            const uint32_t xh = __byte_perm(xw0[w], xw1[w], 0x7362);
-            const uint32_t yl = __byte_perm(yw0[w], yw1[w], 0x5140);
-            const uint32_t yh = __byte_perm(yw0[w], yw1[w], 0x7362);
             float(&oo)[Tr::O_TILES][4] = o[0];
             const int n = 16 * h + 4 * w;
-            attnd_mma<TC>::run(oo[n], pa, attnd_fp8x2_to_half2<0>(xl), attnd_fp8x2_to_half2<0>(yl));
-            attnd_mma<TC>::run(oo[n + 1], pa, attnd_fp8x2_to_half2<1>(xl),
-                               attnd_fp8x2_to_half2<1>(yl));
-            attnd_mma<TC>::run(oo[n + 2], pa, attnd_fp8x2_to_half2<0>(xh),
-                               attnd_fp8x2_to_half2<0>(yh));
-            attnd_mma<TC>::run(oo[n + 3], pa, attnd_fp8x2_to_half2<1>(xh),
-                               attnd_fp8x2_to_half2<1>(yh));
+            attnd_mma<TC>::run(oo[n], pa, attnd_fp8x2_to_half2<0>(xl[w]),
+                               attnd_fp8x2_to_half2<0>(yl[w]));
+            attnd_mma<TC>::run(oo[n + 1], pa, attnd_fp8x2_to_half2<1>(xl[w]),
+                               attnd_fp8x2_to_half2<1>(yl[w]));
+            attnd_mma<TC>::run(oo[n + 2], pa, attnd_fp8x2_to_half2<0>(xh[w]),
+                               attnd_fp8x2_to_half2<0>(yh[w]));
+            attnd_mma<TC>::run(oo[n + 3], pa, attnd_fp8x2_to_half2<1>(xh[w]),
+                               attnd_fp8x2_to_half2<1>(yh[w]));
         }
     }
 }
@@ -926,32 +940,129 @@ __device__ __forceinline__ void attnd_sm80_pv_narrow(float (&o)[1][Tr::O_TILES][
 {
     typedef typename Tr::TC TC;
     static_assert(Tr::NARROW && Tr::SUB == 16, "narrow decode tiles");
-    const int g8 = lane >> 2, t4 = lane & 3;
-    const uint32_t r0 = 2 * t4, r1 = 2 * t4 + 1;
-    const uint32_t a0 = v_a + r0 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r0)) << 4);
-    const uint32_t a1 = v_a + r1 * Tr::ROW_RAW + ((g8 ^ Tr::raw_key(r1)) << 4);
     const uint32_t b0 = attnd_movm_trans(attnd_tc<TC>::pack(s[0][0][0], s[0][0][1]));
     const uint32_t b1 = attnd_movm_trans(attnd_tc<TC>::pack(s[0][0][2], s[0][0][3]));
 #pragma unroll
     for (int h = 0; h < Tr::D_PAD / 128; h++) {
-        const uint4 x0 = attnd_lds128(a0 + 128 * h), x1 = attnd_lds128(a1 + 128 * h);
-        const uint4 y0 = attnd_lds128(a0 + 8 * Tr::ROW_RAW + 128 * h);
-        const uint4 y1 = attnd_lds128(a1 + 8 * Tr::ROW_RAW + 128 * h);
-        const uint32_t xw0[4] = {x0.x, x0.y, x0.z, x0.w}, xw1[4] = {x1.x, x1.y, x1.z, x1.w};
-        const uint32_t yw0[4] = {y0.x, y0.y, y0.z, y0.w}, yw1[4] = {y1.x, y1.y, y1.z, y1.w};
+        uint32_t xl[4], xh[4], yl[4], yh[4];
+        attnd_sm80_v8_pairs<Tr>(v_a, lane, h, xl, xh, yl, yh);
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            const uint32_t xl = __byte_perm(xw0[w], xw1[w], 0x5140);
-            const uint32_t xh = __byte_perm(xw0[w], xw1[w], 0x7362);
-            const uint32_t yl = __byte_perm(yw0[w], yw1[w], 0x5140);
-            const uint32_t yh = __byte_perm(yw0[w], yw1[w], 0x7362);
-            const uint32_t al[4] = {attnd_fp8x2_to_half2<0>(xl), attnd_fp8x2_to_half2<1>(xl),
-                                    attnd_fp8x2_to_half2<0>(yl), attnd_fp8x2_to_half2<1>(yl)};
-            const uint32_t ah[4] = {attnd_fp8x2_to_half2<0>(xh), attnd_fp8x2_to_half2<1>(xh),
-                                    attnd_fp8x2_to_half2<0>(yh), attnd_fp8x2_to_half2<1>(yh)};
+            const uint32_t al[4] = {attnd_fp8x2_to_half2<0>(xl[w]), attnd_fp8x2_to_half2<1>(xl[w]),
+                                    attnd_fp8x2_to_half2<0>(yl[w]), attnd_fp8x2_to_half2<1>(yl[w])};
+            const uint32_t ah[4] = {attnd_fp8x2_to_half2<0>(xh[w]), attnd_fp8x2_to_half2<1>(xh[w]),
+                                    attnd_fp8x2_to_half2<0>(yh[w]), attnd_fp8x2_to_half2<1>(yh[w])};
             attnd_mma<TC>::run(o[0][8 * h + 2 * w], al, b0, b1);
             attnd_mma<TC>::run(o[0][8 * h + 2 * w + 1], ah, b0, b1);
         }
+    }
+}
+
+// The lane's places in shared memory: ldmatrix row offsets (bytes) of Q, K and V and their
+// swizzled chunk offsets (chunk c = 2 * kk + cadd sits at ((c & 7) ^ (lane & 7)) + (c & ~7): four
+// lane-dependent offsets per operand, kk % 4; the rest are immediates), and for fp8 decode the
+// lane's K row (g of the warp's first n-tile) in a stage and its chunk's swizzled offset.
+template <class Tr> struct attnd_sm80_lane {
+    uint32_t sq_a, q_lane, k_lane, v_lane, k8_lane, k8_x;
+    uint32_t qx[4], kx[4], vx[4];
+    int lane, g8, t4, wn;
+
+    __device__ __forceinline__ void init(uint32_t sq_a_, int wm, int wn_, int lane_)
+    {
+        sq_a = sq_a_;
+        lane = lane_;
+        wn = wn_;
+        g8 = lane >> 2;
+        t4 = lane & 3;
+        const int xk = lane & 7, q_cadd = lane >> 4, k_cadd = (lane >> 3) & 1, v_cadd = lane >> 4;
+        q_lane = (uint32_t)((wm * Tr::WROWS + (lane & 7) + (((lane >> 3) & 1) << 3)) * Tr::ROW16);
+        k_lane = (uint32_t)((wn * Tr::NW + (lane & 7) + ((lane >> 4) << 3)) * Tr::ROW16);
+        v_lane = (uint32_t)((wn * Tr::NW + (lane & 7) + (((lane >> 3) & 1) << 3)) * Tr::ROW16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            qx[i] = (uint32_t)(((2 * i + q_cadd) ^ xk) << 4);
+            kx[i] = (uint32_t)(((2 * i + k_cadd) ^ xk) << 4);
+            vx[i] = (uint32_t)(((2 * i + v_cadd) ^ xk) << 4);
+        }
+        k8_lane = (uint32_t)((wn * Tr::NW + g8) * Tr::ROW_RAW);
+        k8_x = (uint32_t)(t4 ^ Tr::raw_key(g8)) << 4;
+    }
+
+    // Q's fragments for every k-step into registers (Tr::Q_IN_REGS): A of Q K^T, in the k order
+    // of the direct fp8 K fragments where K is direct; narrow tiles: B of S^T = K Q^T (row g's A
+    // pairs of attnd_sm80_q_frag_k8)
+    __device__ __forceinline__ void
+    q_frags(uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4]) const
+    {
+#pragma unroll
+        for (int kk = 0; kk < (Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1); kk++) {
+            if (Tr::NARROW) {
+                const int c = kk >> 2, q = kk & 3, ch = 8 * c + 2 * t4 + (q >> 1);
+                attnd_lds64(sq_a + attnd_swz(g8, ch, Tr::ROW16) + 8 * (q & 1), &qf[kk][0],
+                            &qf[kk][1]);
+                qf[kk][2] = qf[kk][3] = 0u;
+            } else if (Tr::K_DIRECT)
+                attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, qf[kk]);
+            else
+                attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
+        }
+    }
+};
+
+// One step of the main loop: this warp's SUB keys from t0 (step h of its tokens in the tile)
+// against its rows. rk / rv (kt_a / vt_a): the tile's K and V stages; sconv: the f16 copies of
+// fp8 tiles (the decode tiles' V).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_step(const attnd_paged_kargs &a, const attnd_sm80_lane<Tr> &ln,
+                const uint32_t (&qf)[Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1][4],
+                const int (&pos)[Tr::MT][2], const float (&slope2)[Tr::MT][2], int t0, int hi,
+                bool need_mask, int h, const unsigned char *rk, const unsigned char *rv,
+                unsigned char *sconv, uint32_t sconv_a, uint32_t kt_a, uint32_t vt_a,
+                float (&o)[Tr::MT][Tr::O_TILES][4], float (&m_r)[Tr::MT][2],
+                float (&l_r)[Tr::MT][2])
+{
+    constexpr int D_PAD = Tr::D_PAD, SUB = Tr::SUB, NW = Tr::NW, ROW16 = Tr::ROW16;
+    const int lane = ln.lane, g8 = ln.g8, t4 = ln.t4, wn = ln.wn;
+    const uint32_t sq_a = ln.sq_a;
+    float s[Tr::MT][Tr::S_TILES][4];
+    if constexpr (Tr::NARROW) { // transposed: S^T, softmax by columns, O^T
+        uint4 wk[D_PAD / 64][SUB / 8];
+        attnd_sm80_k8_load<Tr>(wk, kt_a + ln.k8_lane, ln.k8_x);
+        attnd_sm80_qk_narrow<Tr>(s, qf, sq_a, lane, wk);
+        const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
+        attnd_sm80_softmax_narrow<Tr>(s, c, m_r, l_r, o);
+        attnd_sm80_pv_narrow<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
+    } else {
+        // S = Q K^T (MT x 16 rows x SUB tokens)
+        if constexpr (Tr::V_DIRECT) { // decode: K and V straight from the fp8 stage
+            uint4 wk[D_PAD / 64][SUB / 8];
+            attnd_sm80_k8_load<Tr>(wk, kt_a + ln.k8_lane, ln.k8_x);
+            attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
+        } else if constexpr (Tr::K_DIRECT) {
+            // decode: K straight from the fp8 stage; the warp converts its own V rows
+            // (SUB == NW) for ldmatrix.trans
+            uint4 wk[D_PAD / 64][SUB / 8];
+            attnd_sm80_k8_load<Tr>(wk, kt_a + ln.k8_lane, ln.k8_x);
+            __syncwarp();
+            attnd_fp8_tiles_to_f16<Tr, NW, 32, 8, true>(rk, rv, sconv, sconv, wn * NW, lane);
+            attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
+            __syncwarp();
+            vt_a = sconv_a;
+        } else {
+            attnd_sm80_qk<Tr>(s, qf, sq_a + ln.q_lane, ln.qx, kt_a + ln.k_lane + h * SUB * ROW16,
+                              ln.kx);
+        }
+
+        // logits (log2 domain) with masks, then the online softmax
+        const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
+        attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
+
+        // O += P V
+        if constexpr (Tr::V_DIRECT)
+            attnd_sm80_pv_v8<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
+        else
+            attnd_sm80_pv<Tr>(o, s, vt_a + ln.v_lane + h * SUB * ROW16, ln.vx);
     }
 }
 
@@ -1008,6 +1119,44 @@ __device__ __forceinline__ void attnd_timeline(const attnd_paged_kargs &a, int s
     do {                                                                                           \
     } while (0)
 #endif
+
+// The rows out: normalised straight from the registers (one warp per row, final output), or
+// through shared memory where warps split the tokens (the decode tiles' partial states merged,
+// the 3D op's partials stored and, with tickets, the last segment's CTA merging its pair).
+template <class Tr>
+__device__ __forceinline__ void
+attnd_sm80_epilogue(const attnd_paged_kargs &a, const float (&o)[Tr::MT][Tr::O_TILES][4],
+                    const float (&m_r)[Tr::MT][2], const float (&l_r)[Tr::MT][2], int wm, int wn,
+                    int row0, int rows_total, int q_start, int kvh, int seg, int tid)
+{
+    const bool partial = a.num_segments > 1;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
+#else
+    // sm_80's allocation of the two-m-tile kernel spills with the direct store; use shared memory
+    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1 && Tr::MT == 1;
+#endif
+    if (kDirectEpilogue && !partial && a.out_vec) {
+        const int lane = tid & 31, wrow0 = row0 + wm * Tr::WROWS;
+#pragma unroll
+        for (int mt = 0; mt < Tr::MT; mt++)
+            attnd_paged_store_rows_as<Tr::D_PAD / 8, true>(
+                a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
+                wrow0 + mt * 16 + (lane >> 2), rows_total, q_start, kvh, lane & 3);
+        return;
+    }
+    extern __shared__ __align__(128) unsigned char attnd_smem[];
+    attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
+                               seg, tid);
+    ATTND_TIMELINE(4, 0, true);
+    bool merged = false;
+    if (Tr::DECODE && partial && a.tickets)
+        merged = attnd_paged_merge_last<(Tr::D_PAD + 127) / 128>(a, row0, Tr::BLOCK_M, rows_total,
+                                                                 q_start, kvh, tid, Tr::THREADS);
+    ATTND_TIMELINE(5, 0, true);
+    ATTND_TIMELINE(6, merged, false);
+    (void)merged;
+}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
@@ -1161,42 +1310,10 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     attnd_sm80_load_q<Tr>(a, sq, row0, rows_total, q_start, kvh, tid);
     __syncthreads();
 
-    // ldmatrix lane offsets (bytes; the XOR key is lane & 7 for all three operands)
-    const int xk = lane & 7;
-    const uint32_t q_lane =
-        (uint32_t)((wm * Tr::WROWS + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
-    const int q_cadd = lane >> 4;
-    const uint32_t k_lane = (uint32_t)((wn * NW + (lane & 7) + ((lane >> 4) << 3)) * ROW16);
-    const int k_cadd = (lane >> 3) & 1;
-    const uint32_t v_lane = (uint32_t)((wn * NW + (lane & 7) + (((lane >> 3) & 1) << 3)) * ROW16);
-    const int v_cadd = lane >> 4;
-
-    // chunk c = 2 * kk + cadd sits at ((c & 7) ^ xk) + (c & ~7): four lane-dependent offsets per
-    // operand (kk % 4), the rest are immediates
-    uint32_t qx[4], kx[4], vx[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        qx[i] = (uint32_t)(((2 * i + q_cadd) ^ xk) << 4);
-        kx[i] = (uint32_t)(((2 * i + k_cadd) ^ xk) << 4);
-        vx[i] = (uint32_t)(((2 * i + v_cadd) ^ xk) << 4);
-    }
+    attnd_sm80_lane<Tr> ln;
+    ln.init(sq_a, wm, wn, lane);
     uint32_t qf[Tr::Q_IN_REGS ? KSTEPS : 1][4];
-    if (Tr::Q_IN_REGS) {
-#pragma unroll
-        for (int kk = 0; kk < (Tr::Q_IN_REGS ? KSTEPS : 1); kk++) {
-            if (Tr::NARROW) { // B of S^T = K Q^T: row g's A pairs of attnd_sm80_q_frag_k8
-                const int c = kk >> 2, q = kk & 3, ch = 8 * c + 2 * t4 + (q >> 1);
-                attnd_lds64(sq_a + attnd_swz(g8, ch, ROW16) + 8 * (q & 1), &qf[kk][0], &qf[kk][1]);
-                qf[kk][2] = qf[kk][3] = 0u;
-            } else if (Tr::K_DIRECT)
-                attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, qf[kk]);
-            else
-                attnd_ldsm_x4(sq_a + q_lane + ATTND_SWZ_OFF(qx, kk), qf[kk]);
-        }
-    }
-    // fp8 decode: this lane's K row (g8 of the warp's first n-tile) in a stage, and its swizzle
-    const uint32_t k8_lane = (uint32_t)((wn * NW + g8) * Tr::ROW_RAW);
-    const uint32_t k8_x = (uint32_t)(t4 ^ Tr::raw_key(g8)) << 4;
+    if (Tr::Q_IN_REGS) ln.q_frags(qf);
 
     float o[MT][Tr::O_TILES][4];
 #pragma unroll
@@ -1244,46 +1361,8 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
                 continue; // nothing visible to this warp's rows
             const bool need_mask = !attnd_paged_unmasked(t0, t1, hi, wpos_min, wpos_max, sw);
 
-            float s[MT][Tr::S_TILES][4];
-            if constexpr (Tr::NARROW) { // transposed: S^T, softmax by columns, O^T
-                uint4 wk[D_PAD / 64][SUB / 8];
-                attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
-                attnd_sm80_qk_narrow<Tr>(s, qf, sq_a, lane, wk);
-                const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
-                attnd_sm80_softmax_narrow<Tr>(s, c, m_r, l_r, o);
-                attnd_sm80_pv_narrow<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
-            } else {
-                // S = Q K^T (MT x 16 rows x SUB tokens)
-                if constexpr (Tr::V_DIRECT) { // decode: K and V straight from the fp8 stage
-                    uint4 wk[D_PAD / 64][SUB / 8];
-                    attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
-                    attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
-                } else if constexpr (Tr::K_DIRECT) {
-                    // decode: K straight from the fp8 stage; the warp converts its own V rows
-                    // (SUB == NW) for ldmatrix.trans
-                    uint4 wk[D_PAD / 64][SUB / 8];
-                    attnd_sm80_k8_load<Tr>(wk, kt_a + k8_lane, k8_x);
-                    __syncwarp();
-                    attnd_fp8_tiles_to_f16<Tr, NW, 32, 8, true>(rk, rv, sconv, sconv, wn * NW,
-                                                                lane);
-                    attnd_sm80_qk_k8<Tr>(s, qf, sq_a, lane, wk);
-                    __syncwarp();
-                    vt_a = sconv_a;
-                } else {
-                    attnd_sm80_qk<Tr>(s, qf, sq_a + q_lane, qx, kt_a + k_lane + h * SUB * ROW16,
-                                      kx);
-                }
-
-                // logits (log2 domain) with masks, then the online softmax
-                const float c = attnd_sm80_logits<Tr>(a, s, pos, slope2, t0, hi, g8, t4, need_mask);
-                attnd_sm80_softmax<Tr>(s, c, m_r, l_r, o);
-
-                // O += P V
-                if constexpr (Tr::V_DIRECT)
-                    attnd_sm80_pv_v8<Tr>(o, s, vt_a + wn * NW * Tr::ROW_RAW, lane);
-                else
-                    attnd_sm80_pv<Tr>(o, s, vt_a + v_lane + h * SUB * ROW16, vx);
-            }
+            attnd_sm80_step<Tr>(a, ln, qf, pos, slope2, t0, hi, need_mask, h, rk, rv, sconv,
+                                sconv_a, kt_a, vt_a, o, m_r, l_r);
         } // h
         buf = buf + 1 == NSTAGES ? 0 : buf + 1;
     }
@@ -1292,33 +1371,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS)
     ATTND_TIMELINE(3, 0, true);
     attnd_cp_async_wait<0>();
     attnd_pdl_trigger(); // the reduce kernel (no tickets) may launch; it waits for this grid
-    const bool partial = a.num_segments > 1;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1;
-#else
-    // sm_80's allocation of the two-m-tile kernel spills with the direct store; use shared memory
-    constexpr bool kDirectEpilogue = Tr::WARPS_N == 1 && Tr::MT == 1;
-#endif
-    if (kDirectEpilogue && !partial && a.out_vec) {
-        // one warp per row, final output: normalise the registers and store them directly
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            attnd_paged_store_rows_as<D_PAD / 8, true>(
-                a, [&](int n, int e) { return o[mt][n][e]; }, m_r[mt], l_r[mt],
-                wrow0 + mt * 16 + g8, rows_total, q_start, kvh, t4);
-        return;
-    }
-    // warps split the tokens: per-warp state -> shared, then combine, normalise and store
-    attnd_sm80_merge_store<Tr>(a, attnd_smem, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh,
-                               seg, tid);
-    ATTND_TIMELINE(4, 0, true);
-    bool merged = false;
-    if (Tr::DECODE && partial && a.tickets)
-        merged = attnd_paged_merge_last<(D_PAD + 127) / 128>(a, row0, BLOCK_M, rows_total, q_start,
-                                                             kvh, tid, Tr::THREADS);
-    ATTND_TIMELINE(5, 0, true);
-    ATTND_TIMELINE(6, merged, false);
-    (void)merged;
+    attnd_sm80_epilogue<Tr>(a, o, m_r, l_r, wm, wn, row0, rows_total, q_start, kvh, seg, tid);
 }
 
 #undef ATTND_SWZ_OFF
