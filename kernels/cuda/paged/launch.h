@@ -15,6 +15,7 @@
 enum {
     ATTND_CORE_SM80_PREFILL = 0, // mma.sync, 128 (64) packed rows, whole context, 2D only
     ATTND_CORE_SM80_DECODE = 1,  // mma.sync, 16 packed rows, 4 warps over the tokens, 2D and 3D
+                                 // (fp8 at head sizes >= 128 and <= 8 rows: narrow tiles of 8)
     ATTND_CORE_SM90_PREFILL = 2, // wgmma + TMA, warp-specialised, 2D prefill (sm_90a)
     ATTND_CORE_SM90_PREFILL_SINKS = 3, // the same, its epilogue folding attention sinks in
     ATTND_CORE_SM90_VARLEN = 4,        // the sm90 core on contiguous K/V (varlen.cu)

@@ -5,10 +5,10 @@
 //
 // Warps. Prefill: 4 warps split 128 rows (32 each: two m16 tiles share every K/V fragment; head
 // sizes above 128: 64 rows, 16 each), share each K/V tile, and store their rows from registers.
-// Decode: BLOCK_M = 16 rows, 4 warps split each K/V tile's tokens (16 each), load them into
-// their own rows of each stage (no CTA barrier per tile), keep their own softmax state, and are
-// merged through shared memory at the end. Head sizes are padded to 64, 128 or 256: the
-// padding is zero-filled (no memory traffic) and computed as zeros.
+// Decode: BLOCK_M = 16 rows (narrow tiles: 8), 4 warps split each K/V tile's tokens (16 each),
+// load them into their own rows of each stage (no CTA barrier per tile), keep their own softmax
+// state, and are merged through shared memory at the end. Head sizes are padded to 64, 128 or
+// 256: the padding is zero-filled (no memory traffic) and computed as zeros.
 //
 // Pipeline. K and V tiles of BLOCK_N tokens are gathered row by row through the block table
 // with 16-byte cp.async into NSTAGES shared-memory stages (rows swizzled for ldmatrix); page ids
@@ -16,10 +16,12 @@
 // multiple of 16 and so lie in one page: one page id per tile, rows at a fixed stride). fp8 values
 // become f16 exactly (every e4m3 value is an f16), k_scale folded into the logit scale and v_scale
 // into the output: prefill converts its K and V tiles in shared memory; decode reads K fragments
-// straight from the fp8 stage and converts only V (ldmatrix.trans needs 16-bit rows). S = Q K^T and
-// O += P V run on mma.sync m16n8k16 with f32 accumulators; the softmax is online in the log2 domain
-// (exp2), masks are evaluated only on tiles that need them, and tiles a warp cannot see are
-// skipped.
+// straight from the fp8 stage, and V's too at head sizes >= 128 (each lane pairs the bytes of two
+// V rows; at 64, V is converted for ldmatrix.trans). S = Q K^T and O += P V run on mma.sync
+// m16n8k16 with f32 accumulators; fp8 decode of at most 8 rows (narrow tiles) transposes both
+// (S^T = K Q^T, O^T = V^T P^T), the rows being the n8 columns. The softmax is online in the log2
+// domain (exp2), masks are evaluated only on tiles that need them, and tiles a warp cannot see
+// are skipped.
 #ifndef ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 #define ATTND_CUDA_PAGED_MAINLOOP_SM80_CUH
 
