@@ -737,15 +737,29 @@ attnd_sm80_qk(float (&s)[Tr::MT][Tr::S_TILES][4],
 // and K agree: k-step kk = 4c + s of 64-column group c takes, in lane (g, t), the K columns
 // 64c + 16t + 4s + 0..3 (4 bytes of the 16 the lane reads at once) as B[2t..][g] and
 // B[2t+8..][g], and the same Q columns as A.
-// The A fragment of k-step kk for rows g and g + 8 of Q (swizzled, compute type, at sq_a).
+// Row r's pairs of k-step kk in lane t, in that order, from Q (swizzled, compute type, at
+// sq_a): k 2t, 2t + 1 into lo, k 2t + 8, 2t + 9 into hi.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_q_row_k8(uint32_t sq_a, int r, int kk, int t4,
+                                                    uint32_t *lo, uint32_t *hi)
+{
+    const int c = kk >> 2, s = kk & 3, ch = 8 * c + 2 * t4 + (s >> 1);
+    attnd_lds64(sq_a + attnd_swz(r, ch, Tr::ROW16) + 8 * (s & 1), lo, hi);
+}
+
+// The A fragment of k-step kk for rows g and g + 8 of Q.
 template <class Tr>
 __device__ __forceinline__ void attnd_sm80_q_frag_k8(uint32_t sq_a, int kk, int lane,
                                                      uint32_t (&af)[4])
 {
-    const int g8 = lane >> 2, t4 = lane & 3, c = kk >> 2, s = kk & 3;
-    const int ch = 8 * c + 2 * t4 + (s >> 1), off = 8 * (s & 1);
-    attnd_lds64(sq_a + attnd_swz(g8, ch, Tr::ROW16) + off, &af[0], &af[2]);
-    attnd_lds64(sq_a + attnd_swz(g8 + 8, ch, Tr::ROW16) + off, &af[1], &af[3]);
+    attnd_sm80_q_row_k8<Tr>(sq_a, lane >> 2, kk, lane & 3, &af[0], &af[2]);
+    attnd_sm80_q_row_k8<Tr>(sq_a, (lane >> 2) + 8, kk, lane & 3, &af[1], &af[3]);
+}
+
+// Word q (0..3) of a 16-byte chunk.
+__device__ __forceinline__ uint32_t attnd_u4_word(const uint4 &x, int q)
+{
+    return q == 0 ? x.x : (q == 1 ? x.y : (q == 2 ? x.z : x.w));
 }
 
 // This lane's fp8 K chunks of SUB keys from the stage: k_a is its K row (g, in n-tile 0), kx
@@ -793,12 +807,24 @@ attnd_sm80_qk_k8(float (&s)[Tr::MT][Tr::S_TILES][4],
             }
 #pragma unroll
             for (int n = 0; n < Tr::SUB / 8; n++) {
-                const uint32_t x = q == 0 ? w[n].x : (q == 1 ? w[n].y : (q == 2 ? w[n].z : w[n].w));
+                const uint32_t x = attnd_u4_word(w[n], q);
                 attnd_mma<TC>::run(s[0][n], af, attnd_fp8x2_to_half2<0>(x),
                                    attnd_fp8x2_to_half2<1>(x));
             }
         }
     }
+}
+
+// A of P V for keys 16 kk.. of m-tile mt: the probabilities s packed to the compute type.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm80_p_frag(const float (&s)[Tr::MT][Tr::S_TILES][4], int mt,
+                                                  int kk, uint32_t (&pa)[4])
+{
+    typedef typename Tr::TC TC;
+    pa[0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+    pa[1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+    pa[2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+    pa[3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
 }
 
 // O += P V: P from the probabilities s (compute type), V rows at v_a (ldmatrix.trans).
@@ -812,12 +838,8 @@ __device__ __forceinline__ void attnd_sm80_pv(float (&o)[Tr::MT][Tr::O_TILES][4]
     for (int kk = 0; kk < Tr::SUB / 16; kk++) {
         uint32_t pa[Tr::MT][4];
 #pragma unroll
-        for (int mt = 0; mt < Tr::MT; mt++) {
-            pa[mt][0] = attnd_tc<TC>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = attnd_tc<TC>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = attnd_tc<TC>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < Tr::MT; mt++)
+            attnd_sm80_p_frag<Tr>(s, mt, kk, pa[mt]);
 #pragma unroll
         for (int n2 = 0; n2 < Tr::D_PAD / 16; n2++) {
             uint32_t bf[4];
@@ -869,10 +891,7 @@ __device__ __forceinline__ void attnd_sm80_pv_v8(float (&o)[Tr::MT][Tr::O_TILES]
     typedef typename Tr::TC TC;
     static_assert(Tr::V_DIRECT && Tr::MT == 1 && Tr::SUB == 16, "decode tiles");
     uint32_t pa[4];
-    pa[0] = attnd_tc<TC>::pack(s[0][0][0], s[0][0][1]);
-    pa[1] = attnd_tc<TC>::pack(s[0][0][2], s[0][0][3]);
-    pa[2] = attnd_tc<TC>::pack(s[0][1][0], s[0][1][1]);
-    pa[3] = attnd_tc<TC>::pack(s[0][1][2], s[0][1][3]);
+    attnd_sm80_p_frag<Tr>(s, 0, 0, pa);
 #pragma unroll
     for (int h = 0; h < Tr::D_PAD / 128; h++) {
         uint32_t xl[4], xh[4], yl[4], yh[4]; // B's k 2t, 2t + 1 (x) and k + 8 (y)
@@ -915,12 +934,9 @@ attnd_sm80_qk_narrow(float (&s)[1][1][4],
                 b0 = qf[Tr::Q_IN_REGS ? kk : 0][0];
                 b1 = qf[Tr::Q_IN_REGS ? kk : 0][1];
             } else {
-                const int ch = 8 * c + 2 * (lane & 3) + (q >> 1);
-                attnd_lds64(sq_a + attnd_swz(lane >> 2, ch, Tr::ROW16) + 8 * (q & 1), &b0, &b1);
+                attnd_sm80_q_row_k8<Tr>(sq_a, lane >> 2, kk, lane & 3, &b0, &b1);
             }
-            const uint4 &x = wk[c][0], &y = wk[c][1];
-            const uint32_t xw = q == 0 ? x.x : (q == 1 ? x.y : (q == 2 ? x.z : x.w));
-            const uint32_t yw = q == 0 ? y.x : (q == 1 ? y.y : (q == 2 ? y.z : y.w));
+            const uint32_t xw = attnd_u4_word(wk[c][0], q), yw = attnd_u4_word(wk[c][1], q);
             const uint32_t af[4] = {attnd_fp8x2_to_half2<0>(xw), attnd_fp8x2_to_half2<0>(yw),
                                     attnd_fp8x2_to_half2<1>(xw), attnd_fp8x2_to_half2<1>(yw)};
             attnd_mma<TC>::run(acc[kk & 1], af, b0, b1);
@@ -999,9 +1015,7 @@ template <class Tr> struct attnd_sm80_lane {
 #pragma unroll
         for (int kk = 0; kk < (Tr::Q_IN_REGS ? Tr::D_PAD / 16 : 1); kk++) {
             if (Tr::NARROW) {
-                const int c = kk >> 2, q = kk & 3, ch = 8 * c + 2 * t4 + (q >> 1);
-                attnd_lds64(sq_a + attnd_swz(g8, ch, Tr::ROW16) + 8 * (q & 1), &qf[kk][0],
-                            &qf[kk][1]);
+                attnd_sm80_q_row_k8<Tr>(sq_a, g8, kk, t4, &qf[kk][0], &qf[kk][1]);
                 qf[kk][2] = qf[kk][3] = 0u;
             } else if (Tr::K_DIRECT)
                 attnd_sm80_q_frag_k8<Tr>(sq_a, kk, lane, qf[kk]);
