@@ -411,15 +411,16 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
 
 /* Prefill on each core the device has (sm90: all features on, then each turned off alone; sm80):
  * three rounds over the list, each starting one variant later, so that neither drift nor the
- * clocks after a light variant favour one of them. */
-static void bench_prefill(int batch, int L, int quick)
+ * clocks after a light variant favour one of them. An fp8 cache: the default and the sm80 core. */
+static void bench_prefill(int batch, int L, attnd_dtype cache_dt, int quick)
 {
-    if (!selected("prefill", NULL, batch, L)) return;
+    const int fp8 = cache_dt == ATTND_DTYPE_FP8_E4M3;
+    if (!selected("prefill", fp8 ? attnd_dtype_name(cache_dt) : NULL, batch, L)) return;
     attnd_cuda *c = attnd_cuda_of(g_b);
     set sets[MAX_SETS];
-    int nsets = num_sets_for(set_bytes(batch, L, L, ATTND_DTYPE_BF16));
+    int nsets = num_sets_for(set_bytes(batch, L, L, cache_dt));
     for (int i = 0; i < nsets; i++)
-        make_set(&sets[i], batch, L, L, ATTND_DTYPE_BF16, 0);
+        make_set(&sets[i], batch, L, L, cache_dt, 0);
     double flops = 4.0 * batch * HQ * HD * (double)L * L / 2.0;
     struct {
         int core, off;
@@ -437,6 +438,10 @@ static void bench_prefill(int batch, int L, int quick)
     int nv = 1;
     while (c->cc == 90 && nv <= MAX_OFFS && variants[nv].tag != NULL)
         nv++;
+    if (fp8 && nv > 1) {
+        variants[1] = variants[nv - 1];
+        nv = 2;
+    }
     char tags[MAX_OFFS][24];
     if (g_noffs > 0 && c->cc == 90) {
         nv = g_noffs;
@@ -454,8 +459,8 @@ static void bench_prefill(int batch, int L, int quick)
         float ms = time_op(sets, nsets, 0, 5, quick ? 10 : 50);
         result *r = next_result();
         const int tagged = v || g_noffs > 0;
-        snprintf(r->name, sizeof r->name, "prefill bf16 %d x %d causal%s%s%s", batch, L,
-                 tagged ? ", " : "", tagged ? variants[v].tag : "",
+        snprintf(r->name, sizeof r->name, "prefill %s %d x %d causal%s%s%s", fp8 ? "fp8" : "bf16",
+                 batch, L, tagged ? ", " : "", tagged ? variants[v].tag : "",
                  round == 1 ? " (2)" : (round == 2 ? " (3)" : ""));
         r->ms = ms;
         r->figure = flops / ms / 1e9;
@@ -522,9 +527,10 @@ int main(int argc, char **argv)
     static const int model_dec[3][2] = {{16, 1056}, {32, 2080}, {4, 1024}};
     for (int i = 0; i < 3; i++)
         bench_decode(model_dec[i][0], model_dec[i][1], ATTND_DTYPE_BF16, sweep, quick);
-    bench_prefill(1, 8192, quick);
-    bench_prefill(8, 2048, quick);
-    bench_prefill(32, 2048, quick); /* issue 16: the real-model prefill batch */
+    bench_prefill(1, 8192, ATTND_DTYPE_BF16, quick);
+    bench_prefill(8, 2048, ATTND_DTYPE_BF16, quick);
+    bench_prefill(32, 2048, ATTND_DTYPE_BF16, quick); /* issue 16: the real-model prefill batch */
+    bench_prefill(8, 2048, ATTND_DTYPE_FP8_E4M3, quick);
 
     printf("\n| case | segments | ms | figure |\n| --- | --- | --- | --- |\n");
     for (int i = 0; i < g_nres; i++)

@@ -62,20 +62,6 @@ static __device__ __forceinline__ void attnd_st2_elem(void *base, int dt, int64_
     }
 }
 
-// Eight e4m3 codes (one 8-byte word) as eight f16 values (16 bytes); exact.
-static __device__ __forceinline__ uint4 attnd_fp8x8_to_half8(uint2 w)
-{
-    return make_uint4(attnd_fp8x2_to_half2<0>(w.x), attnd_fp8x2_to_half2<1>(w.x),
-                      attnd_fp8x2_to_half2<0>(w.y), attnd_fp8x2_to_half2<1>(w.y));
-}
-
-static __device__ __forceinline__ void attnd_st_shared16(uint32_t addr, uint4 v)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
 static __device__ __forceinline__ void attnd_st_shared32(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -633,6 +633,16 @@ static void reduced_grid(attnd_rng *rng)
         c.bs = 32;
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
+        c.d = 96; /* fp8 on the sm90 core: its converting producer (general instantiation) */
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
+        c.window = 0; /* ... and the plain one, head 64, pages of 16 */
+        c.softcap = 0.0f;
+        c.alibi = 0;
+        c.d = 64;
+        c.bs = 16;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
         c.d = 48;
         c.cache_dt = ATTND_DTYPE_F16;
         c.q_dt = ATTND_DTYPE_F32;
@@ -831,16 +841,16 @@ static void full_grid(attnd_rng *rng)
     }
 
     /* 6. more prefill tiles than SMs (the sm90 core's persistent CTAs take several each), uneven
-     * sequences, 16-bit caches */
-    for (int ci = 0; ci < 2; ci++, k++) {
+     * sequences, 16-bit and fp8 caches */
+    for (int ci = 0; ci < 3; ci++, k++) {
         base_case(&c);
         c.hq = 16;
         c.hk = 2;
         c.cache_dt = kCache[ci];
-        c.bs = bss[ci + 1];
-        c.window = ci ? 700 : 0;
-        c.softcap = ci ? 0.0f : 20.0f;
-        c.sinks = ci;
+        c.bs = bss[(ci + 1) % 3];
+        c.window = ci == 1 ? 700 : 0;
+        c.softcap = ci == 0 ? 20.0f : 0.0f;
+        c.sinks = ci == 1;
         c.segments = 1;
         static const int q[4] = {1024, 700, 1, 900}, x[4] = {512, 0, 333, 1234};
         set_seqs(&c, 4, q, x);

@@ -7,10 +7,11 @@
 // segment merges its partials (the stream's tickets, paged/reduce.cuh), else the reduce kernel
 // does. The 2D op uses the decode tiles with one segment when every sequence's packed rows
 // (query_len * group) fit in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90
-// device when this build has sm_90a code, the cache is 16-bit and the driver encodes the caches'
-// tensor maps, else the sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache
-// takes the exact kernel of paged/f32.cu in both ops. Sinks join in the store of the final output
-// (each core's epilogue, or the reduce after a split).
+// device when this build has sm_90a code, the cache is 16-bit (or fp8 at head <= 128 without
+// sinks: the core's converting producer) and the driver encodes the caches' tensor maps, else the
+// sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache takes the exact
+// kernel of paged/f32.cu in both ops. Sinks join in the store of the final output (each core's
+// epilogue, or the reduce after a split).
 #include <stdint.h>
 #include <string.h>
 
@@ -133,8 +134,7 @@ static const paged_fn kPagedRun[4][3][3] = {
      ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 256)},
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 128),
      ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 256)},
-    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 64),
-     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 128),
+    {ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL, 128),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 256)},
     {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 64),
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 128),
@@ -173,23 +173,30 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     if (c->encode_tmap == NULL) return 0;
-    const cuuint32_t box[4] = {64, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType dt = t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return ((encode_fn)c->encode_tmap)(m, dt, 4, t->data, dims, strides, box, unit,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    // 16-bit: 64-column slabs, 128-byte swizzle; fp8: whole rows of the padded head size in
+    // bytes, unswizzled, for the converting warps (the columns past the head read as zeros)
+    const int fp8 = t->dtype == ATTND_DTYPE_FP8_E4M3;
+    const cuuint32_t box0 = fp8 ? (dims[0] <= 64 ? 64 : 128) : 64;
+    const cuuint32_t box[4] = {box0, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType dt = fp8                            ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return ((encode_fn)c->encode_tmap)(
+               m, dt, 4, t->data, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #ifdef ATTND_CUDA_SM90A
-// A 16-bit cache: dims (head, kv head, row in block, block), boxes of one page.
+// A 16-bit or fp8 cache: dims (head, kv head, row in block, block), boxes of one page.
 static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
 {
+    const cuuint64_t es = (cuuint64_t)attnd_dtype_size(t->dtype);
     const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2],
                                 (cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]};
-    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * 2, (cuuint64_t)t->strides[1] * 2,
-                                   (cuuint64_t)t->strides[0] * 2};
+    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * es, (cuuint64_t)t->strides[1] * es,
+                                   (cuuint64_t)t->strides[0] * es};
     return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)t->shape[1], m);
 }
 #endif
@@ -199,7 +206,9 @@ static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, int kv,
                        CUtensorMap *tv)
 {
 #ifdef ATTND_CUDA_SM90A
-    if (c->cc != 90 || kv == ATTND_KV_FP8 || c->paged_core == 80) return 0;
+    if (c->cc != 90 || c->paged_core == 80) return 0;
+    // fp8: the converting producer's instantiations (head <= 128, no sinks)
+    if (kv == ATTND_KV_FP8 && (p->q.shape[2] > 128 || p->sinks.data)) return 0;
     return encode_cache_map(c, &p->k_cache, tk) && encode_cache_map(c, &p->v_cache, tv);
 #else
     (void)c, (void)p, (void)kv, (void)tk, (void)tv;

@@ -99,7 +99,7 @@ cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
         return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, true>>(a,
                                                                                                  l);
     } else if constexpr (CORE == ATTND_CORE_SM90_PREFILL) {
-        if constexpr (D_PAD == 128) {
+        if constexpr (D_PAD == 128 && KV != ATTND_KV_FP8) { // fp8: no third stage
             typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_NONE> none;
             typedef attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_K> deep_k;
             if (l.sm90_off & ATTND_SM90_NO_DEEP) return attnd_paged_run_sm90<none>(a, l);

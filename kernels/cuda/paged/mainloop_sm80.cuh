@@ -172,20 +172,6 @@ template <int D_PAD_, int KV_, bool DECODE_, bool NARROW_ = false> struct attnd_
     }
 };
 
-// One 16-byte chunk of e4m3 codes -> two 16-byte chunks of f16 (exact).
-__device__ __forceinline__ void attnd_fp8x16_to_f16(uint4 w4, uint4 *lo, uint4 *hi)
-{
-    const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-    uint32_t h[8];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        h[2 * k] = attnd_fp8x2_to_half2<0>(w[k]);
-        h[2 * k + 1] = attnd_fp8x2_to_half2<1>(w[k]);
-    }
-    *lo = make_uint4(h[0], h[1], h[2], h[3]);
-    *hi = make_uint4(h[4], h[5], h[6], h[7]);
-}
-
 // fp8 rows [r0, r0 + NROWS) of the raw K and V tiles (Tr::raw_off) -> f16 rows (swizzled, ROW16
 // bytes) of dk and dv (V_ONLY: of V alone), by NTHREADS threads (this one is i0). Up to MAXB
 // 16-byte chunks per batch are loaded before any is converted, so their shared-memory latencies

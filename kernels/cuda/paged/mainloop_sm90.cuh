@@ -18,6 +18,12 @@
 // (the last q-block of every pair, then the one before, ...), and the whole order is dealt to the
 // CTAs in a snake, so the CTAs running at once share their K/V through the L2.
 //
+// An fp8 cache (paged, head <= 128; Tr::FP8): the producer's TMA brings each K or V tile's e4m3
+// rows into a ring of raw tiles, with a descriptor (K or V, that ring's count, rows inside the
+// sequence); the producer warpgroup's other three warps convert them into the same f16 stages the
+// consumers read for a 16-bit cache (exact; rows past the sequence zeros), so the consumers run
+// unchanged in f16 (k_scale in the logits' scale, v_scale in the output's).
+//
 // The same core runs varlen and block-sparse prefill (paged/src_sm90.h, Tr::MODE): K/V rows of a
 // contiguous tensor in TMA pages that start at any row (varlen: the sequence's keys; sparse: the
 // key blocks the work tile's layout rows list, gathered by the producer into one virtual key
@@ -55,13 +61,16 @@ struct attnd_paged_sm90_traits {
     static constexpr bool SPARSE = MODE == ATTND_SRC_SPARSE;
     static constexpr bool HAS_SINKS = SINKS;
     static constexpr bool PLAIN = PLAIN_;
+    // an fp8 cache: TMA brings each K/V tile's e4m3 rows into a raw ring, the producer
+    // warpgroup's other three warps convert them into the f16 stages the consumers read
+    static constexpr bool FP8 = KV == ATTND_KV_FP8;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
     static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
     static constexpr int BASE_STAGES = D_PAD <= 64 ? 4 : 2;
-    static constexpr bool THIRD = !SPARSE && D_PAD == 128; // room for a third stage
+    static constexpr bool THIRD = !SPARSE && !FP8 && D_PAD == 128; // room for a third stage
     static constexpr int NSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_V); // V stages
     static constexpr int KSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_K);
     static constexpr int MSTAGES = KSTAGES > NSTAGES ? KSTAGES : NSTAGES; // barriers per kind
@@ -77,24 +86,31 @@ struct attnd_paged_sm90_traits {
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + 2 * QBUF * Q_WG_BYTES;
     static constexpr int V_OFF = K_OFF + KSTAGES * STAGE_BYTES;
-    static constexpr int BAR_OFF = V_OFF + NSTAGES * STAGE_BYTES;
+    static constexpr int RAW = FP8 ? 2 : 0;           // fp8: raw tiles in flight
+    static constexpr int RAW_BYTES = BLOCK_N * D_PAD; // a tile's e4m3 rows, D_PAD bytes each
+    static constexpr int CONVERTERS = 3;              // fp8: converting warps (full barriers)
+    static constexpr int RAW_OFF = V_OFF + NSTAGES * STAGE_BYTES;
+    static constexpr int BAR_OFF = RAW_OFF + RAW * RAW_BYTES;
     // sparse: per K stage, each virtual key's info (position | layout-row mask << 24) and a
     // header (tiles of the work tile, AND of the masks, largest position); the producer's
     // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
     static constexpr int KB_MAX = SPARSE ? 2048 : 0;
     static constexpr int KINFO_INTS = BLOCK_N + 4;
-    static constexpr int KINFO_OFF = BAR_OFF + 4 * MSTAGES * 8;
+    static constexpr int KINFO_OFF = BAR_OFF + (4 * MSTAGES + 2 * RAW) * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
-    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4;      // a word per consumer thread
-    static constexpr int SMEM_BYTES = ORDER_OFF + 256 * 4 + 1024; // + base alignment
+    static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4; // a word per consumer thread
+    static constexpr int RDESC_OFF = ORDER_OFF + 256 * 4; // fp8: per raw tile (kind, count, rows)
+    static constexpr int SMEM_BYTES = RDESC_OFF + RAW * 16 + 1024; // + base alignment
     // the producer's page ids in registers (UNROLLED_TMA) spill at 24 registers; sparse keeps
     // the page loop and 24 / 240 (at 40 / 232 its kernels spilled 32-76 B)
     static constexpr bool UNROLLED_TMA = !SPARSE;
-    static constexpr int PRODUCER_REGS = UNROLLED_TMA ? 40 : 24;
-    static constexpr int CONSUMER_REGS = UNROLLED_TMA ? 232 : 240;
+    // fp8: the producer warp and the converters at 40 spilled 24-68 B (the producer's values)
+    static constexpr int PRODUCER_REGS = FP8 ? 56 : UNROLLED_TMA ? 40 : 24;
+    static constexpr int CONSUMER_REGS = FP8 ? 224 : UNROLLED_TMA ? 232 : 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
+    static_assert(!FP8 || (D_PAD <= 128 && MODE == ATTND_SRC_PAGED), "fp8: paged, head <= 128");
     static_assert(ON == 8 || ON == 16, "wgmma n64 / n128");
     static_assert(SR == 8 || SR == 16, "wgmma n64 / n128");
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
@@ -208,6 +224,24 @@ template <class Tr> struct attnd_sm90_smem {
     {
         return full_k(3 * Tr::MSTAGES + st);
     }
+    // fp8: raw tile r, its barriers (full: the TMA's bytes; empty: the converters done with it)
+    // and its descriptor
+    __device__ __forceinline__ uint32_t raw(int r) const
+    {
+        return base + Tr::RAW_OFF + r * Tr::RAW_BYTES;
+    }
+    __device__ __forceinline__ uint32_t full_raw(int r) const
+    {
+        return full_k(4 * Tr::MSTAGES + r);
+    }
+    __device__ __forceinline__ uint32_t empty_raw(int r) const
+    {
+        return full_k(4 * Tr::MSTAGES + Tr::RAW + r);
+    }
+    __device__ __forceinline__ int4 *rdesc(int r) const
+    {
+        return (int4 *)(gen + Tr::RDESC_OFF) + r;
+    }
     // sparse: generic pointers to the key info of K stage st, the block masks, the list
     __device__ __forceinline__ int32_t *kinfo(int st) const
     {
@@ -238,6 +272,7 @@ template <class Tr> struct attnd_sm90_producer {
     attnd_sm90_smem<Tr> sm;
     int lane;
     uint32_t nk = 0, nv = 0;     // K and V tiles issued so far (ring position and phase)
+    uint32_t nr = 0;             // fp8: raw tiles issued so far
     const int32_t *bt = nullptr; // paged: the work tile's block-table row
     int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
     bool lane_tma = false;       // each lane issues its own page's boxes (measurements)
@@ -312,10 +347,14 @@ template <class Tr> struct attnd_sm90_producer {
         }
     }
 
-    // Page p of the tile (id pid), every slab.
+    // Page p of the tile (id pid), every slab (fp8: one box of whole raw rows).
     __device__ __forceinline__ void issue_page(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
                                                int kvh, int pid, int p) const
     {
+        if constexpr (Tr::FP8) {
+            attnd_tma_load4(dst + (uint32_t)(p << a.bs_log2) * Tr::D_PAD, tm, bar, 0, kvh, 0, pid);
+            return;
+        }
         const uint32_t d = dst + (uint32_t)(p << a.bs_log2) * 128;
         const int c2 = Tr::MODE == ATTND_SRC_PAGED ? 0 : pid;
         const int c3 = Tr::MODE == ATTND_SRC_PAGED ? pid : 0;
@@ -324,8 +363,42 @@ template <class Tr> struct attnd_sm90_producer {
             attnd_tma_load4(d + s * Tr::SLAB_BYTES, tm, bar, 64 * s, kvh, c2, c3);
     }
 
+    // fp8: K (is_v false) or V of tile j as e4m3 rows into the next raw tile, and its descriptor
+    // for the converters: K or V, that ring's count, the tile's rows inside the sequence.
+    __device__ __forceinline__ void load_raw(const attnd_sm90_tile &w, int j, bool is_v,
+                                             bool same_k)
+    {
+        const int r = nr % Tr::RAW, ph = (nr / Tr::RAW) & 1;
+        nr++;
+        attnd_mbar_wait(sm.empty_raw(r), ph ^ 1);
+        int pid = kpid, valid = kvalid;
+        if (!is_v || !same_k) page(w, j, &pid, &valid);
+        if (!is_v) kpid = pid, kvalid = valid;
+        const uint32_t mask = __ballot_sync(0xffffffffu, valid > 0);
+        const uint32_t cnt = is_v ? nv++ : nk++;
+        if (lane == 0) {
+            *sm.rdesc(r) =
+                make_int4(is_v, (int)cnt, min(Tr::BLOCK_N, w.seq_len - j * Tr::BLOCK_N), 0);
+            attnd_mbar_arrive_tx(sm.full_raw(r), (uint32_t)(__popc(mask) * Tr::D_PAD) << a.bs_log2);
+        }
+        __syncwarp();
+        issue(is_v ? tv : tk, sm.raw(r), sm.full_raw(r), w.kv_src, pid, mask);
+    }
+
+    // fp8: the converters' end (a descriptor of kind -1, no bytes).
+    __device__ __forceinline__ void end_raw(void)
+    {
+        const int r = nr % Tr::RAW, ph = (nr / Tr::RAW) & 1;
+        attnd_mbar_wait(sm.empty_raw(r), ph ^ 1);
+        if (lane == 0) {
+            *sm.rdesc(r) = make_int4(-1, 0, 0, 0);
+            attnd_mbar_arrive(sm.full_raw(r));
+        }
+    }
+
     __device__ __forceinline__ void load_k(const attnd_sm90_tile &w, int j, int ntiles)
     {
+        if constexpr (Tr::FP8) return load_raw(w, j, false, false);
         const int st = nk % Tr::KSTAGES, ph = (nk / Tr::KSTAGES) & 1;
         nk++;
         attnd_mbar_wait(sm.empty_k(st), ph ^ 1);
@@ -359,10 +432,7 @@ template <class Tr> struct attnd_sm90_producer {
                                           (int64_t)pid_partial * v.strides[0] +
                                           (int64_t)(r - r0) * v.strides[1] +
                                           (int64_t)w.kv_src * v.strides[2] + col));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst + s * Tr::SLAB_BYTES +
-                                                                          attnd_slab_off(r, cc)),
-                         "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w)
-                         : "memory");
+            attnd_st_shared16(dst + s * Tr::SLAB_BYTES + attnd_slab_off(r, cc), x);
         }
         attnd_fence_proxy_async();
     }
@@ -371,6 +441,7 @@ template <class Tr> struct attnd_sm90_producer {
     // (valid 0: no page), and the block table is not read again.
     __device__ __forceinline__ void load_v(const attnd_sm90_tile &w, int j, bool same_k)
     {
+        if constexpr (Tr::FP8) return load_raw(w, j, true, same_k);
         const int st = nv % Tr::NSTAGES, ph = (nv / Tr::NSTAGES) & 1;
         nv++;
         attnd_mbar_wait(sm.empty_v(st), ph ^ 1);
@@ -431,76 +502,58 @@ template <class Tr> struct attnd_sm90_producer {
                 }
             }
         }
+        if constexpr (Tr::FP8) end_raw();
     }
 };
 
-// Sparse: the key blocks that the layout rows of w's rows list, as a list in increasing order
-// (each entry: block | mask of the rows listing it << 24, rows counted from the tile's first
-// layout row, at most 8); returns the K/V tiles of the gathered keys.
-template <class Tr>
-__device__ __forceinline__ int attnd_sm90_producer<Tr>::gather(const attnd_sm90_tile &w)
-{
-    uint8_t *mask = sm.kmask();
-    int32_t *list = sm.klist();
-    const int nkb = min((w.seq_len + (1 << src.kb_log2) - 1) >> src.kb_log2, Tr::KB_MAX);
-    for (int i = lane; i < nkb; i += 32)
-        mask[i] = 0;
-    __syncwarp();
-    const int last = min(w.row0 + Tr::BLOCK_M, w.rows_total) - 1;
-    const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2, r_b = (w.ctx + last) >> src.qb_log2;
-    const int32_t *crow = src.crow + (int64_t)w.kvh * src.crow_sh;
-    for (int r = r_a; r <= min(r_b, r_a + 7) && r < src.n_row_blocks && w.ctx + last >= 0; r++) {
-        const int c0 = max(0, min(crow[(int64_t)r * src.crow_sm], src.n_cols));
-        const int c1 = max(c0, min(crow[(int64_t)(r + 1) * src.crow_sm], src.n_cols));
-        for (int c = c0 + lane; c < c1; c += 32) {
-            const int kb = __ldg(src.col + (int64_t)w.kvh * src.col_sh + (int64_t)c * src.col_sm);
-            if ((unsigned)kb < (unsigned)nkb) mask[kb] |= (uint8_t)(1u << (r - r_a));
-        }
-        __syncwarp(); // distinct blocks within a row; rows one after the other
-    }
-    int n = 0;
-    for (int base = 0; base < nkb; base += 32) {
-        const int kb = base + lane;
-        const uint32_t m = kb < nkb ? mask[kb] : 0u;
-        const uint32_t bal = __ballot_sync(0xffffffffu, m != 0);
-        if (m) list[n + __popc(bal & ((1u << lane) - 1))] = kb | (int)(m << 24);
-        n += __popc(bal);
-    }
-    __syncwarp();
-    nvirt = n << src.kb_log2;
-    return (nvirt + Tr::BLOCK_N - 1) / Tr::BLOCK_N;
-}
+// fp8: three warps of the producer warpgroup turn each raw tile's e4m3 rows into the f16 stage
+// its descriptor names (128-byte-swizzled slabs, as the TMA lays out a 16-bit cache), exact; rows
+// past the sequence's end become zeros (a stale page's bytes may decode to NaN, and P = 0 times
+// NaN is NaN).
+template <class Tr> struct attnd_sm90_converter {
+    attnd_sm90_smem<Tr> sm;
+    int lane, t; // t: this thread among the converters
 
-// Sparse: K stage st's key info for tile j (position | row mask << 24; holes: mask 0) and its
-// header: the work tile's tile count, the AND of the masks, the largest position.
-template <class Tr>
-__device__ __forceinline__ void attnd_sm90_producer<Tr>::write_kinfo(const attnd_sm90_tile &w,
-                                                                     int st, int j, int ntiles)
-{
-    int32_t *info = sm.kinfo(st);
-    uint32_t all = 0xffu;
-    int pmax = -1;
-    for (int k = lane; k < Tr::BLOCK_N; k += 32) {
-        const int vk = j * Tr::BLOCK_N + k;
-        int32_t e = 0xffffff; // a hole: mask 0
-        if (vk < nvirt) {
-            const int pos = key_pos(vk);
-            const uint32_t m = (uint32_t)sm.klist()[vk >> src.kb_log2] >> 24;
-            if (pos < w.seq_len) e = pos | (int)(m << 24);
-            pmax = max(pmax, pos < w.seq_len ? pos : -1);
+    __device__ __forceinline__ void run(void)
+    {
+        // this thread's 16-byte column chunk ch of rows r0, r0 + RPP, ... (a pass: RPP rows)
+        constexpr int CPR = Tr::D_PAD / 16, RPP = Tr::CONVERTERS * 32 / CPR;
+        constexpr int PASSES = (Tr::BLOCK_N + RPP - 1) / RPP;
+        static_assert(Tr::CONVERTERS * 32 % CPR == 0, "whole rows per pass");
+        const int ch = t % CPR, r0 = t / CPR;
+        const uint32_t col_off = (uint32_t)(ch >> 2) * Tr::SLAB_BYTES; // its slab
+        const int cc = (ch & 3) * 2;                                   // its first f16 chunk
+        for (uint32_t nr = 0;; nr++) {
+            const int r = nr % Tr::RAW;
+            attnd_mbar_wait(sm.full_raw(r), (nr / Tr::RAW) & 1);
+            const int4 d = *sm.rdesc(r);
+            if (d.x < 0) return;
+            const bool is_v = d.x != 0;
+            const int ns = is_v ? Tr::NSTAGES : Tr::KSTAGES, st = d.y % ns;
+            attnd_mbar_wait(is_v ? sm.empty_v(st) : sm.empty_k(st), ((d.y / ns) & 1) ^ 1);
+            const uint32_t src = sm.raw(r) + r0 * Tr::D_PAD + ch * 16;
+            const uint32_t dst = (is_v ? sm.v(st) : sm.k(st)) + col_off;
+#pragma unroll
+            for (int k = 0; k < PASSES; k++) {
+                const int row = r0 + k * RPP;
+                if (PASSES * RPP > Tr::BLOCK_N && row >= Tr::BLOCK_N) break;
+                uint4 x = make_uint4(0u, 0u, 0u, 0u), lo, hi;
+                if (row < d.z)
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                                 : "r"(src + k * RPP * Tr::D_PAD)
+                                 : "memory");
+                attnd_fp8x16_to_f16(x, &lo, &hi);
+                attnd_st_shared16(dst + attnd_slab_off(row, cc), lo);
+                attnd_st_shared16(dst + attnd_slab_off(row, cc + 1), hi);
+            }
+            attnd_mbar_arrive(sm.empty_raw(r)); // each thread after its reads of the raw tile
+            attnd_fence_proxy_async();          // the stage is read by wgmma (the async proxy)
+            __syncwarp();
+            if (lane == 0) attnd_mbar_arrive(is_v ? sm.full_v(st) : sm.full_k(st));
         }
-        all &= (uint32_t)e >> 24;
-        info[k] = e;
     }
-    all = __reduce_and_sync(0xffffffffu, all);
-    pmax = __reduce_max_sync(0xffffffffu, pmax);
-    if (lane == 0) {
-        info[Tr::BLOCK_N] = ntiles;
-        info[Tr::BLOCK_N + 1] = (int)all;
-        info[Tr::BLOCK_N + 2] = pmax;
-    }
-    __syncwarp();
-}
+};
 
 // ------------------------------------------------------------------ consumers
 
@@ -563,10 +616,8 @@ template <class Tr> struct attnd_sm90_consumer {
             for (int k = 0; k < 4; k++)
                 u[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2 * k]),
                                           attnd_tc<TC>::clamp(f[2 * k + 1]));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(
-                             dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7)),
-                         "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3])
-                         : "memory");
+            attnd_st_shared16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7),
+                              make_uint4(u[0], u[1], u[2], u[3]));
         }
         attnd_fence_proxy_async();
     }
@@ -1156,13 +1207,19 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
     sm.gen = attnd_smem + (sm.base - attnd_smem_addr(attnd_smem));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
+        // full: the TMA's one arrival (sparse: every producer lane; fp8: each converter warp)
+        const int full = Tr::SPARSE ? 32 : (Tr::FP8 ? Tr::CONVERTERS : 1);
         for (int st = 0; st < Tr::KSTAGES; st++) {
-            attnd_mbar_init(sm.full_k(st), Tr::SPARSE ? 32 : 1); // sparse: every producer lane
+            attnd_mbar_init(sm.full_k(st), full);
             attnd_mbar_init(sm.empty_k(st), Tr::SPARSE ? 256 : 8);
         }
         for (int st = 0; st < Tr::NSTAGES; st++) {
-            attnd_mbar_init(sm.full_v(st), 1);
+            attnd_mbar_init(sm.full_v(st), Tr::FP8 ? Tr::CONVERTERS : 1);
             attnd_mbar_init(sm.empty_v(st), 8);
+        }
+        for (int r = 0; r < Tr::RAW; r++) {
+            attnd_mbar_init(sm.full_raw(r), 1);
+            attnd_mbar_init(sm.empty_raw(r), Tr::CONVERTERS * 32);
         }
         attnd_mbar_init_fence();
     }
@@ -1178,6 +1235,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
             pr.lane_tma = (off & ATTND_SM90_LANE_TMA) != 0;
             pr.page_loop = (off & ATTND_SM90_PAGE_LOOP) != 0;
             pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0, (off & ATTND_SM90_V_REREAD) != 0);
+        } else if constexpr (Tr::FP8) {
+            attnd_sm90_converter<Tr>{sm, lane, tid - 32}.run();
         }
     } else {
         attnd_regs_alloc<Tr::CONSUMER_REGS>();

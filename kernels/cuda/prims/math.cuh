@@ -79,6 +79,20 @@ template <int HI> __device__ __forceinline__ uint32_t attnd_fp8x2_to_half2(uint3
 #endif
 }
 
+// Eight e4m3 codes (one 8-byte word) -> eight f16 values (16 bytes); exact.
+__device__ __forceinline__ uint4 attnd_fp8x8_to_half8(uint2 w)
+{
+    return make_uint4(attnd_fp8x2_to_half2<0>(w.x), attnd_fp8x2_to_half2<1>(w.x),
+                      attnd_fp8x2_to_half2<0>(w.y), attnd_fp8x2_to_half2<1>(w.y));
+}
+
+// One 16-byte chunk of e4m3 codes -> two 16-byte chunks of f16 (exact).
+__device__ __forceinline__ void attnd_fp8x16_to_f16(uint4 w4, uint4 *lo, uint4 *hi)
+{
+    *lo = attnd_fp8x8_to_half8(make_uint2(w4.x, w4.y));
+    *hi = attnd_fp8x8_to_half8(make_uint2(w4.z, w4.w));
+}
+
 // ------------------------------------------------------------------ the 16-bit compute types
 // attnd_tc<T> packs pairs of floats into the 32-bit registers the tensor cores read.
 
@@ -185,15 +199,12 @@ __device__ __forceinline__ void attnd_ld8(const void *base, int dt, int64_t i, b
             return;
         }
         if (dt == ATTND_DTYPE_FP8_E4M3) {
-            uint2 u = *(const uint2 *)((const uint8_t *)base + i);
-            uint32_t w[2] = {u.x, u.y};
+            const uint4 h = attnd_fp8x8_to_half8(*(const uint2 *)((const uint8_t *)base + i));
+            const uint32_t w[4] = {h.x, h.y, h.z, h.w};
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                uint32_t lo = attnd_fp8x2_to_half2<0>(w[k]);
-                uint32_t hi = attnd_fp8x2_to_half2<1>(w[k]);
-                float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-                float2 b = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-                f[4 * k] = a.x, f[4 * k + 1] = a.y, f[4 * k + 2] = b.x, f[4 * k + 3] = b.y;
+            for (int k = 0; k < 4; k++) {
+                const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
+                f[2 * k] = a.x, f[2 * k + 1] = a.y;
             }
             return;
         }

@@ -25,6 +25,14 @@ __device__ __forceinline__ int64_t attnd_mul_wide(int32_t a, int32_t b)
     return r;
 }
 
+// One 16-byte shared store at a shared-state-space address.
+__device__ __forceinline__ void attnd_st_shared16(uint32_t addr, uint4 v)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 // 16 bytes global -> shared, bypassing L1; src_bytes < 16 zero-fills the rest (0: all zeros,
 // and src is not read).
 __device__ __forceinline__ void attnd_cp_async16(uint32_t dst, const void *src, int src_bytes)
