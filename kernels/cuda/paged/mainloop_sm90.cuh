@@ -587,6 +587,7 @@ template <class Tr> struct attnd_sm90_consumer {
     bool late_store = true;  // chained: a tile's rows stored under the next step's GEMMs
     bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
     bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
+    bool q_bf16 = false;     // fp8: Q in bf16, copied as it is and converted in shared memory
     attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
@@ -639,6 +640,30 @@ template <class Tr> struct attnd_sm90_consumer {
                                   (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
             attnd_cp_async16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7), src,
                              ok ? 16 : 0);
+        }
+    }
+
+    // fp8 (f16 compute) with bf16 Q: the chunks this thread copied into Q buffer buf
+    // (load_q_async's loop) converted to f16 in place, saturating, as load_q would have.
+    __device__ __forceinline__ void convert_q(int buf) const
+    {
+        const uint32_t dst = sm.q(wg, buf);
+        constexpr int QC = Tr::D_PAD / 8;
+#pragma unroll 4
+        for (int c = ctid; c < 64 * QC; c += 128) {
+            const uint32_t at =
+                dst + (c % QC >> 3) * (64 * 128) + attnd_slab_off(c / QC, c % QC & 7);
+            uint4 x;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                         : "r"(at)
+                         : "memory");
+            uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(__uint_as_float(w[k] << 16)),
+                                          attnd_tc<TC>::clamp(__uint_as_float(w[k] & 0xffff0000u)));
+            attnd_st_shared16(at, make_uint4(w[0], w[1], w[2], w[3]));
         }
     }
 
@@ -1082,8 +1107,9 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     late_store = !(off & ATTND_SM90_NO_LATE_STORE);
     gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
-    const bool qpf =
-        Tr::QBUF == 2 && a.p.q.dtype == tc_dt && a.q_vec && !(off & ATTND_SM90_NO_QPREFETCH);
+    q_bf16 = Tr::FP8 && a.p.q.dtype == ATTND_DTYPE_BF16;
+    const bool qpf = Tr::QBUF == 2 && (a.p.q.dtype == tc_dt || q_bf16) && a.q_vec &&
+                     !(off & ATTND_SM90_NO_QPREFETCH);
     if (pingpong && wg == 0) attnd_bar_arrive(1, 256); // warpgroup 0 issues first
     const int ot = a.p.out.dtype, os0 = (int)(a.p.out.strides[0] & 7),
               os1 = (int)(a.p.out.strides[1] & 7);
@@ -1093,7 +1119,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     // chained tiles: the next tile's Q already there, the rows out through shared memory (the
     // one epilogue inlined in the loop); not in the plain instantiation (at fixed clocks the
     // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
-    chain = !Tr::PLAIN && qpf && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
+    chain = !Tr::PLAIN && qpf && !q_bf16 && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
@@ -1122,6 +1148,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         if (qpf) { // this tile's rows (the next tile's may be in flight); waited for even when
                    // unused, else that copy could land after the next one into the same buffer
             attnd_cp_async_wait<1>();
+            if (Tr::FP8 && q_bf16) convert_q(qb);
             attnd_fence_proxy_async();
         }
         if (keys) {
@@ -1150,6 +1177,7 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
         attnd_sm90_acc<Tr> acc;
         reset(acc);
         attnd_cp_async_wait<0>(); // w's rows (copied during the previous tile)
+        if (Tr::FP8 && q_bf16) convert_q(qb);
         attnd_fence_proxy_async();
         attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
         bool have_next = false;
