@@ -358,7 +358,7 @@ static float bench_decode(int batch, int ctx, attnd_dtype cache_dt, int sweep, i
     set sets[MAX_SETS];
     int nsets = num_sets_for(set_bytes(batch, ctx, 1, cache_dt));
     int chosen = pick_segments(batch, ctx);
-    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 48, 66, 132};
+    static const int sweep_list[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 48, 64, 66, 132};
     int max_segs = chosen;
     if (sweep)
         for (size_t i = 0; i < sizeof sweep_list / sizeof *sweep_list; i++)
@@ -519,7 +519,7 @@ int main(int argc, char **argv)
         if (dec[i][0] == 64) t_bf16_64 = t;
     }
     for (int i = 0; i < 4; i++) {
-        float t = bench_decode(dec[i][0], dec[i][1], ATTND_DTYPE_FP8_E4M3, sweep && i == 2, quick);
+        float t = bench_decode(dec[i][0], dec[i][1], ATTND_DTYPE_FP8_E4M3, sweep && i != 3, quick);
         if (dec[i][0] == 64) t_fp8_64 = t;
     }
     /* bench_hf.py's decode shapes (Llama-3-8B through attnd at 16 x 1024 and 32 x 2048 prompts,
