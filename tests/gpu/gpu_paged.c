@@ -636,13 +636,6 @@ static void reduced_grid(attnd_rng *rng)
         c.d = 96; /* fp8 on the sm90 core: its converting producer (general instantiation) */
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
-        c.window = 0; /* ... and the plain one, head 64, pages of 16 */
-        c.softcap = 0.0f;
-        c.alibi = 0;
-        c.d = 64;
-        c.bs = 16;
-        name_case(&c, "reduced-prefill");
-        run_paged_case(&c, rng);
         c.d = 48;
         c.cache_dt = ATTND_DTYPE_F16;
         c.q_dt = ATTND_DTYPE_F32;
@@ -658,6 +651,17 @@ static void reduced_grid(attnd_rng *rng)
         run_paged_case(&c, rng);
         c.cache_dt = ATTND_DTYPE_F32; /* every option on the exact kernel */
         c.d = 72;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
+    }
+    /* fp8 on the sm90 core's plain instantiation (no options): head 64, pages of 16 */
+    {
+        static const int q[2] = {70, 33}, x[2] = {20, 0};
+        base_case(&c);
+        set_seqs(&c, 2, q, x);
+        c.cache_dt = ATTND_DTYPE_FP8_E4M3;
+        c.d = 64;
+        c.bs = 16;
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
     }
