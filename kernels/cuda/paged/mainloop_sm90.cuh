@@ -506,6 +506,74 @@ template <class Tr> struct attnd_sm90_producer {
     }
 };
 
+// Sparse: the key blocks that the layout rows of w's rows list, as a list in increasing order
+// (each entry: block | mask of the rows listing it << 24, rows counted from the tile's first
+// layout row, at most 8); returns the K/V tiles of the gathered keys.
+template <class Tr>
+__device__ __forceinline__ int attnd_sm90_producer<Tr>::gather(const attnd_sm90_tile &w)
+{
+    uint8_t *mask = sm.kmask();
+    int32_t *list = sm.klist();
+    const int nkb = min((w.seq_len + (1 << src.kb_log2) - 1) >> src.kb_log2, Tr::KB_MAX);
+    for (int i = lane; i < nkb; i += 32)
+        mask[i] = 0;
+    __syncwarp();
+    const int last = min(w.row0 + Tr::BLOCK_M, w.rows_total) - 1;
+    const int r_a = max(w.ctx + w.row0, 0) >> src.qb_log2, r_b = (w.ctx + last) >> src.qb_log2;
+    const int32_t *crow = src.crow + (int64_t)w.kvh * src.crow_sh;
+    for (int r = r_a; r <= min(r_b, r_a + 7) && r < src.n_row_blocks && w.ctx + last >= 0; r++) {
+        const int c0 = max(0, min(crow[(int64_t)r * src.crow_sm], src.n_cols));
+        const int c1 = max(c0, min(crow[(int64_t)(r + 1) * src.crow_sm], src.n_cols));
+        for (int c = c0 + lane; c < c1; c += 32) {
+            const int kb = __ldg(src.col + (int64_t)w.kvh * src.col_sh + (int64_t)c * src.col_sm);
+            if ((unsigned)kb < (unsigned)nkb) mask[kb] |= (uint8_t)(1u << (r - r_a));
+        }
+        __syncwarp(); // distinct blocks within a row; rows one after the other
+    }
+    int n = 0;
+    for (int base = 0; base < nkb; base += 32) {
+        const int kb = base + lane;
+        const uint32_t m = kb < nkb ? mask[kb] : 0u;
+        const uint32_t bal = __ballot_sync(0xffffffffu, m != 0);
+        if (m) list[n + __popc(bal & ((1u << lane) - 1))] = kb | (int)(m << 24);
+        n += __popc(bal);
+    }
+    __syncwarp();
+    nvirt = n << src.kb_log2;
+    return (nvirt + Tr::BLOCK_N - 1) / Tr::BLOCK_N;
+}
+
+// Sparse: K stage st's key info for tile j (position | row mask << 24; holes: mask 0) and its
+// header: the work tile's tile count, the AND of the masks, the largest position.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm90_producer<Tr>::write_kinfo(const attnd_sm90_tile &w,
+                                                                     int st, int j, int ntiles)
+{
+    int32_t *info = sm.kinfo(st);
+    uint32_t all = 0xffu;
+    int pmax = -1;
+    for (int k = lane; k < Tr::BLOCK_N; k += 32) {
+        const int vk = j * Tr::BLOCK_N + k;
+        int32_t e = 0xffffff; // a hole: mask 0
+        if (vk < nvirt) {
+            const int pos = key_pos(vk);
+            const uint32_t m = (uint32_t)sm.klist()[vk >> src.kb_log2] >> 24;
+            if (pos < w.seq_len) e = pos | (int)(m << 24);
+            pmax = max(pmax, pos < w.seq_len ? pos : -1);
+        }
+        all &= (uint32_t)e >> 24;
+        info[k] = e;
+    }
+    all = __reduce_and_sync(0xffffffffu, all);
+    pmax = __reduce_max_sync(0xffffffffu, pmax);
+    if (lane == 0) {
+        info[Tr::BLOCK_N] = ntiles;
+        info[Tr::BLOCK_N + 1] = (int)all;
+        info[Tr::BLOCK_N + 2] = pmax;
+    }
+    __syncwarp();
+}
+
 // fp8: three warps of the producer warpgroup turn each raw tile's e4m3 rows into the f16 stage
 // its descriptor names (128-byte-swizzled slabs, as the TMA lays out a 16-bit cache), exact; rows
 // past the sequence's end become zeros (a stale page's bytes may decode to NaN, and P = 0 times
