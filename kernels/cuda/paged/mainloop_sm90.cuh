@@ -685,8 +685,7 @@ template <class Tr> struct attnd_sm90_consumer {
             for (int k = 0; k < 4; k++)
                 u[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f[2 * k]),
                                           attnd_tc<TC>::clamp(f[2 * k + 1]));
-            attnd_st_shared16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7),
-                              make_uint4(u[0], u[1], u[2], u[3]));
+            attnd_st_shared16(attnd_paged_buf_at(dst, r, ch), make_uint4(u[0], u[1], u[2], u[3]));
         }
         attnd_fence_proxy_async();
     }
@@ -706,8 +705,7 @@ template <class Tr> struct attnd_sm90_consumer {
             const int tok = ok ? w.q_start + qt : 0, head = ok ? w.kvh * g + gd.mod(idx, qt) : 0;
             const uint16_t *src = (const uint16_t *)a.p.q.data + (int64_t)tok * a.p.q.strides[0] +
                                   (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
-            attnd_cp_async16(dst + (ch >> 3) * (64 * 128) + attnd_slab_off(r, ch & 7), src,
-                             ok ? 16 : 0);
+            attnd_cp_async16(attnd_paged_buf_at(dst, r, ch), src, ok ? 16 : 0);
         }
     }
 
@@ -719,8 +717,7 @@ template <class Tr> struct attnd_sm90_consumer {
         constexpr int QC = Tr::D_PAD / 8;
 #pragma unroll 4
         for (int c = ctid; c < 64 * QC; c += 128) {
-            const uint32_t at =
-                dst + (c % QC >> 3) * (64 * 128) + attnd_slab_off(c / QC, c % QC & 7);
+            const uint32_t at = attnd_paged_buf_at(dst, c / QC, c % QC);
             uint4 x;
             asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                          : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
