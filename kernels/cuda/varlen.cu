@@ -1,7 +1,7 @@
 // varlen attention on the GPU, one launch, nothing read back to the host, nothing allocated: on
-// an sm_90 device with 16-bit inputs and no bias the sm90 core (varlen_sm90.cu); otherwise the
-// FA2 kernel (varlen_kernel.cuh) over (query tiles of max_seqlen_q, q heads, sequences), tiles
-// past a sequence's length exiting at once.
+// an sm_90 device with 16-bit or fp8 inputs, no bias and a positive scale the sm90 core
+// (varlen_sm90.cu); otherwise the FA2 kernel (varlen_kernel.cuh) over (query tiles of
+// max_seqlen_q, q heads, sequences), tiles past a sequence's length exiting at once.
 #include <string.h>
 
 #include "cuda_backend.h"

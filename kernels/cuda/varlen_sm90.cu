@@ -15,10 +15,11 @@
 static int encode_packed(const attnd_cuda *c, const attnd_tensor *t, int page, CUtensorMap *m)
 {
     if (t->shape[0] <= 0) return 0;
+    const cuuint64_t es = (cuuint64_t)attnd_dtype_size(t->dtype);
     const cuuint64_t dims[4] = {(cuuint64_t)t->shape[2], (cuuint64_t)t->shape[1],
                                 (cuuint64_t)t->shape[0], 1};
-    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[1] * 2, (cuuint64_t)t->strides[0] * 2,
-                                   (cuuint64_t)t->strides[0] * 2 * (cuuint64_t)t->shape[0]};
+    const cuuint64_t strides[3] = {(cuuint64_t)t->strides[1] * es, (cuuint64_t)t->strides[0] * es,
+                                   (cuuint64_t)t->strides[0] * es * (cuuint64_t)t->shape[0]};
     return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)page, m);
 }
 
@@ -70,31 +71,27 @@ static void packed_kargs(const attnd_tensor *q, const attnd_tensor *k, const att
     a->num_segments = 1;
 }
 
-// The core can run here: sm_90 device, sm_90a code built, 16-bit inputs, not forced to sm80,
-// row counts the kernels address in 32 bits.
-static int sm90_ok(const attnd_cuda *c, const attnd_tensor *q, const attnd_tensor *k)
+// The core can run here: sm_90 device, sm_90a code built, 16-bit inputs (fp8 where fp8_ok),
+// not forced to sm80, row counts the kernels address in 32 bits.
+static int sm90_ok(const attnd_cuda *c, const attnd_tensor *q, const attnd_tensor *k, int fp8_ok)
 {
 #ifdef ATTND_CUDA_SM90A
     return c->cc == 90 && c->paged_core != 80 && c->encode_tmap != NULL &&
-           (q->dtype == ATTND_DTYPE_F16 || q->dtype == ATTND_DTYPE_BF16) &&
+           (q->dtype == ATTND_DTYPE_F16 || q->dtype == ATTND_DTYPE_BF16 ||
+            (fp8_ok && q->dtype == ATTND_DTYPE_FP8_E4M3)) &&
            k->shape[0] < INT32_MAX && q->shape[0] < INT32_MAX;
 #else
-    (void)c, (void)q, (void)k;
+    (void)c, (void)q, (void)k, (void)fp8_ok;
     return 0;
 #endif
 }
 
-typedef cudaError_t (*core_fn)(attnd_paged_kargs, const attnd_paged_launch &);
-#define ATTND_SM90_ROW(CORE, D)                                                                    \
-    {                                                                                              \
-        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>          \
-    }
-// [varlen / sparse][head 64 / 128 / 256][f16 / bf16]
-static const core_fn kCore[2][3][2] = {
-    {ATTND_SM90_ROW(ATTND_CORE_SM90_VARLEN, 64), ATTND_SM90_ROW(ATTND_CORE_SM90_VARLEN, 128),
-     ATTND_SM90_ROW(ATTND_CORE_SM90_VARLEN, 256)},
-    {ATTND_SM90_ROW(ATTND_CORE_SM90_SPARSE, 64), ATTND_SM90_ROW(ATTND_CORE_SM90_SPARSE, 128),
-     ATTND_SM90_ROW(ATTND_CORE_SM90_SPARSE, 256)},
+// [varlen / sparse][head 64 / 128 / 256][f16 / bf16 / fp8 (varlen)]
+static const attnd_paged_fn kCore[2][3][3] = {
+    {ATTND_PAGED_ROW(ATTND_CORE_SM90_VARLEN, 64), ATTND_PAGED_ROW(ATTND_CORE_SM90_VARLEN, 128),
+     ATTND_PAGED_ROW(ATTND_CORE_SM90_VARLEN, 256)},
+    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_SPARSE, 64), ATTND_PAGED_ROW16(ATTND_CORE_SM90_SPARSE, 128),
+     ATTND_PAGED_ROW16(ATTND_CORE_SM90_SPARSE, 256)},
 };
 
 // Encode the maps and launch the core (sparse or not) on the backend's stream.
@@ -114,8 +111,11 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     l.tv = &tv;
     l.src = &src;
     const int64_t d = a.p.q.shape[2];
-    const int di = d <= 64 ? 0 : (d <= 128 ? 1 : 2), kv = a.p.q.dtype == ATTND_DTYPE_BF16;
-    cudaError_t e = kCore[sparse][di][kv](a, l);
+    const int dp = attnd_paged_d_pad(d), di = dp == 64 ? 0 : (dp == 128 ? 1 : 2);
+    const int kv = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3 ? 2 : a.p.q.dtype == ATTND_DTYPE_BF16;
+    const attnd_paged_fn f = kCore[sparse][di][kv];
+    if (f == NULL) return ATTND_ERR_OK;
+    cudaError_t e = f(a, l);
     if (e == cudaErrorInvalidConfiguration) {
         cudaGetLastError();
         return ATTND_ERR_OK; // over this core's limits: the mma.sync kernel
@@ -127,10 +127,18 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
 attnd_err attnd_varlen_sm90(attnd_backend *b, const attnd_varlen_params *p, int *ran)
 {
     *ran = 0;
-    if (!sm90_ok(attnd_cuda_of(b), &p->q, &p->k) || p->bias.data != NULL) return ATTND_ERR_OK;
+    if (!sm90_ok(attnd_cuda_of(b), &p->q, &p->k, 1) || p->bias.data != NULL) return ATTND_ERR_OK;
+    const int fp8_in = p->q.dtype == ATTND_DTYPE_FP8_E4M3;
     attnd_paged_kargs a;
-    packed_kargs(&p->q, &p->k, &p->v, &p->out, &p->cu_seqlens_q, p->k.shape[1], 6, p->scale, &a);
-    if (p->out.dtype == ATTND_DTYPE_FP8_E4M3) a.out_scale = 1.0f / p->out_scale;
+    packed_kargs(&p->q, &p->k, &p->v, &p->out, &p->cu_seqlens_q, p->k.shape[1], 6,
+                 fp8_in ? p->scale * p->q_scale * p->k_scale : p->scale, &a);
+    // fp8 inputs (the seed's semantics, kernels/cpu/varlen.c): P V of fp8(p / p_scale) and V's
+    // codes, times p_scale * v_scale
+    if (fp8_in) {
+        a.p_descale = 1.0f / p->p_scale;
+        a.out_scale = p->p_scale * p->v_scale;
+    }
+    if (p->out.dtype == ATTND_DTYPE_FP8_E4M3) a.out_scale /= p->out_scale;
     attnd_sm90_src src;
     memset(&src, 0, sizeof src);
     src.cu_k = (const int32_t *)p->cu_seqlens_k.data;
@@ -152,7 +160,7 @@ attnd_err attnd_blocksparse_sm90(attnd_backend *b, const attnd_blocksparse_param
     *ran = 0;
     const int qbs = p->q_block_size > 0 ? p->q_block_size : p->block_size;
     const int64_t kblocks = ((int64_t)p->max_seqlen_k + p->block_size - 1) / p->block_size;
-    if (!sm90_ok(attnd_cuda_of(b), &p->q, &p->k) || kblocks > 2048) return ATTND_ERR_OK;
+    if (!sm90_ok(attnd_cuda_of(b), &p->q, &p->k, 0) || kblocks > 2048) return ATTND_ERR_OK;
     const int page = p->block_size < 64 ? p->block_size : 64;
     attnd_paged_kargs a;
     packed_kargs(&p->q, &p->k, &p->v, &p->out, &p->cu_seqlens_q, p->q.shape[1], ilog2i(page),

@@ -379,6 +379,17 @@ static void test_varlen(void)
     varlen_case(&f);
     f.out_dt = ATTND_DTYPE_F32, f.bias_dt = ATTND_DTYPE_F32, f.d = 192;
     varlen_case(&f);
+    /* fp8 inputs on the sm90 core (heads whose fp8 rows are 16-byte multiples): GQA 1/4/8, the
+     * awkward lengths above, causal and not, then random lengths over several tiles */
+    static const int64_t f8d[4] = {64, 96, 128, 256}, f8g[3][2] = {{4, 4}, {8, 2}, {8, 1}};
+    for (int i = 0; i < 8; i++) {
+        vcase g8 = c;
+        g8.in_dt = ATTND_DTYPE_FP8_E4M3, g8.out_dt = i % 3 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
+        g8.d = f8d[i / 2], g8.causal = i % 2;
+        g8.hq = f8g[i % 3][0], g8.hk = f8g[i % 3][1];
+        if (i >= 4) random_seqs(&g8.s, 3, quick ? 150 : 600, i % 3);
+        varlen_case(&g8);
+    }
     /* padded (strided) rows, output dtypes */
     vcase s = c;
     s.pad = 136, s.d = 128, s.in_dt = ATTND_DTYPE_F16, s.out_dt = ATTND_DTYPE_BF16, s.causal = 1;
@@ -393,6 +404,8 @@ static void test_varlen(void)
         vcase big = c;
         big.hq = 32, big.hk = 8, big.d = 128, big.in_dt = big.out_dt = ATTND_DTYPE_BF16;
         big.s.batch = 2, big.s.lq[0] = big.s.lk[0] = 1000, big.s.lq[1] = 333, big.s.lk[1] = 1024;
+        varlen_case(&big);
+        big.in_dt = ATTND_DTYPE_FP8_E4M3;
         varlen_case(&big);
     }
 }

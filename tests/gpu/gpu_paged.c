@@ -654,7 +654,8 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
     }
-    /* fp8 on the sm90 core's plain instantiation (no options): head 64, pages of 16 */
+    /* fp8 on the sm90 core's plain instantiation (no options): head 64, pages of 16; head 256
+     * (64-key tiles); then the sinks instantiation at head 128 */
     {
         static const int q[2] = {70, 33}, x[2] = {20, 0};
         base_case(&c);
@@ -662,6 +663,14 @@ static void reduced_grid(attnd_rng *rng)
         c.cache_dt = ATTND_DTYPE_FP8_E4M3;
         c.d = 64;
         c.bs = 16;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
+        c.d = 256;
+        c.bs = 64;
+        name_case(&c, "reduced-prefill");
+        run_paged_case(&c, rng);
+        c.d = 128;
+        c.sinks = 1;
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
     }

@@ -17,6 +17,7 @@ typedef struct attnd_paged_kargs {
     float qk_scale;      /* scale * k_scale (fp8): multiplies q.k into natural-log logits */
     float qk_scale_log2; /* qk_scale * log2(e) */
     float out_scale;     /* v_scale (fp8) or 1 */
+    float p_descale;     /* varlen with fp8 inputs (sm90 core): P quantised as fp8(p * p_descale) */
     int32_t plain;       /* no softcap, no ALiBi, qk_scale > 0: the fused fast path */
     int32_t group;       /* q heads per kv head */
     int32_t bs_log2;

@@ -6,6 +6,7 @@
 #define ATTND_CUDA_PAGED_EPILOGUE_CUH
 
 #include "paged/rows.cuh"
+#include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
 
 // Rows idx0 and idx0 + 8 of a sequence's packed rows (this lane's pair), from fragment values
@@ -136,10 +137,7 @@ attnd_paged_flush_rows(const attnd_paged_kargs &a, int wrow0, int rows_total, in
         uint4 x[PER];
 #pragma unroll
         for (int i = 0; i < PER; i++)
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(x[i].x), "=r"(x[i].y), "=r"(x[i].z), "=r"(x[i].w)
-                         : "r"(attnd_paged_buf_at(buf, lrow0 + rr0 + STEP * i, ch))
-                         : "memory");
+            x[i] = attnd_ld_shared16(attnd_paged_buf_at(buf, lrow0 + rr0 + STEP * i, ch));
 #pragma unroll
         for (int i = 0; i < PER; i++) {
             const int idx = wrow0 + rr0 + STEP * i, qt = gd.div(idx);
@@ -156,11 +154,7 @@ attnd_paged_flush_rows(const attnd_paged_kargs &a, int wrow0, int rows_total, in
     for (int i = lane; i < 16 * NB; i += 32) {
         const int rr = i / NB, ch = i % NB, idx = wrow0 + rr, lr = lrow0 + rr;
         if (idx >= rows_total || ch * 8 >= d_act) continue;
-        uint4 x;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                     : "r"(attnd_paged_buf_at(buf, lr, ch))
-                     : "memory");
+        const uint4 x = attnd_ld_shared16(attnd_paged_buf_at(buf, lr, ch));
         const int qt = gd.div(idx), tok = q_start + qt, head = kvh * g + gd.mod(idx, qt);
         // one 16-byte store (a plain uint4 store compiled to four 4-byte ones)
         const uint16_t *dst = out + (int64_t)tok * s0 + (int64_t)head * s1 + ch * 8;

@@ -117,35 +117,24 @@ static attnd_err paged_prepare(attnd_backend *b, const attnd_paged_params *p, at
     return ATTND_ERR_OK;
 }
 
-typedef cudaError_t (*paged_fn)(attnd_paged_kargs, const attnd_paged_launch &);
-#define ATTND_PAGED_ROW(CORE, D)                                                                   \
-    {                                                                                              \
-        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>,         \
-            &attnd_paged_run<CORE, D, ATTND_KV_FP8>                                                \
-    }
-#define ATTND_PAGED_ROW16(CORE, D)                                                                 \
-    {                                                                                              \
-        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>, NULL    \
-    }
-
 // [core][head 64 / 128 / 256][cache f16 / bf16 / fp8]; NULL: not built.
-static const paged_fn kPagedRun[4][3][3] = {
+static const attnd_paged_fn kPagedRun[4][3][3] = {
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 128),
      ATTND_PAGED_ROW(ATTND_CORE_SM80_PREFILL, 256)},
     {ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 64), ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 128),
      ATTND_PAGED_ROW(ATTND_CORE_SM80_DECODE, 256)},
     {ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL, 64), ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL, 128),
-     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL, 256)},
-    {ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 64),
-     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 128),
-     ATTND_PAGED_ROW16(ATTND_CORE_SM90_PREFILL_SINKS, 256)},
+     ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL, 256)},
+    {ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL_SINKS, 64),
+     ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL_SINKS, 128),
+     ATTND_PAGED_ROW(ATTND_CORE_SM90_PREFILL_SINKS, 256)},
 };
 
 static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_paged_kargs &a,
                              const attnd_paged_launch &l)
 {
-    const int d = head_size <= 64 ? 0 : (head_size <= 128 ? 1 : 2);
-    paged_fn f = kPagedRun[core][d][kv];
+    const int dp = attnd_paged_d_pad(head_size), d = dp == 64 ? 0 : (dp == 128 ? 1 : 2);
+    attnd_paged_fn f = kPagedRun[core][d][kv];
     return f ? f(a, l) : cudaErrorInvalidConfiguration;
 }
 
@@ -176,7 +165,7 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
     // 16-bit: 64-column slabs, 128-byte swizzle; fp8: whole rows of the padded head size in
     // bytes, unswizzled, for the converting warps (the columns past the head read as zeros)
     const int fp8 = t->dtype == ATTND_DTYPE_FP8_E4M3;
-    const cuuint32_t box0 = fp8 ? (dims[0] <= 64 ? 64 : 128) : 64;
+    const cuuint32_t box0 = fp8 ? (cuuint32_t)attnd_paged_d_pad((int64_t)dims[0]) : 64;
     const cuuint32_t box[4] = {box0, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
     const CUtensorMapDataType dt = fp8                            ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -201,17 +190,15 @@ static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensor
 }
 #endif
 
-// The sm90 core can take this call: device, build, cache type, override, tensor maps.
-static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, int kv, CUtensorMap *tk,
+// The sm90 core can take this call: device, build, override, tensor maps.
+static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, CUtensorMap *tk,
                        CUtensorMap *tv)
 {
 #ifdef ATTND_CUDA_SM90A
     if (c->cc != 90 || c->paged_core == 80) return 0;
-    // fp8: the converting producer's instantiations (head <= 128, no sinks)
-    if (kv == ATTND_KV_FP8 && (p->q.shape[2] > 128 || p->sinks.data)) return 0;
     return encode_cache_map(c, &p->k_cache, tk) && encode_cache_map(c, &p->v_cache, tv);
 #else
-    (void)c, (void)p, (void)kv, (void)tk, (void)tv;
+    (void)c, (void)p, (void)tk, (void)tv;
     return 0;
 #endif
 }
@@ -317,7 +304,7 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     int core = ATTND_CORE_SM80_PREFILL;
     if ((int64_t)p->max_query_len * a.group <= 16)
         core = ATTND_CORE_SM80_DECODE;
-    else if (sm90_usable(c, p, kv, &tk, &tv)) {
+    else if (sm90_usable(c, p, &tk, &tv)) {
         core = p->sinks.data ? ATTND_CORE_SM90_PREFILL_SINKS : ATTND_CORE_SM90_PREFILL;
         l.tk = &tk;
         l.tv = &tv;

@@ -95,4 +95,23 @@ cudaError_t attnd_paged_f32_run(const attnd_paged_kargs &a, cudaStream_t stream)
 template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l);
 
+typedef cudaError_t (*attnd_paged_fn)(attnd_paged_kargs, const attnd_paged_launch &);
+// A row of a launch table: one core at one head size, per cache type f16 / bf16 / fp8 (ROW16:
+// no fp8 instantiation, NULL).
+#define ATTND_PAGED_ROW(CORE, D)                                                                   \
+    {                                                                                              \
+        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>,         \
+            &attnd_paged_run<CORE, D, ATTND_KV_FP8>                                                \
+    }
+#define ATTND_PAGED_ROW16(CORE, D)                                                                 \
+    {                                                                                              \
+        &attnd_paged_run<CORE, D, ATTND_KV_F16>, &attnd_paged_run<CORE, D, ATTND_KV_BF16>, NULL    \
+    }
+
+// The padded head size a head of d columns runs at (the instantiations' D_PAD).
+static inline int attnd_paged_d_pad(int64_t d)
+{
+    return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+}
+
 #endif

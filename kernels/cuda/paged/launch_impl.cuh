@@ -86,11 +86,12 @@ template <int CORE, int D_PAD, int KV>
 cudaError_t attnd_paged_run(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
     if constexpr (CORE == ATTND_CORE_SM90_VARLEN) {
-        if (attnd_sm90_plain(a, l))
-            return attnd_paged_run_sm90<attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false,
-                                                                ATTND_SRC_CONTIG, true>>(a, l);
+        // the plain instantiation only: a scale <= 0 (or a measurement switch) runs on the
+        // mma.sync kernel (varlen has no softcap or ALiBi; one kernel per unit to compile)
+        if (!attnd_sm90_plain(a, l)) return cudaErrorInvalidConfiguration;
         return attnd_paged_run_sm90<
-            attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false, ATTND_SRC_CONTIG>>(a, l);
+            attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_V, false, ATTND_SRC_CONTIG, true>>(
+            a, l);
     } else if constexpr (CORE == ATTND_CORE_SM90_SPARSE) {
         return attnd_paged_run_sm90<
             attnd_paged_sm90_traits<D_PAD, KV, ATTND_SM90_DEEP_NONE, false, ATTND_SRC_SPARSE>>(a,

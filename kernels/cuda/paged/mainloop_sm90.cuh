@@ -18,11 +18,12 @@
 // (the last q-block of every pair, then the one before, ...), and the whole order is dealt to the
 // CTAs in a snake, so the CTAs running at once share their K/V through the L2.
 //
-// An fp8 cache (paged, head <= 128; Tr::FP8): the producer's TMA brings each K or V tile's e4m3
-// rows into a ring of raw tiles, with a descriptor (K or V, that ring's count, rows inside the
-// sequence); the producer warpgroup's other three warps convert them into the same f16 stages the
-// consumers read for a 16-bit cache (exact; rows past the sequence zeros), so the consumers run
-// unchanged in f16 (k_scale in the logits' scale, v_scale in the output's).
+// fp8 K/V (Tr::FP8: a paged fp8 cache, or varlen's fp8 inputs): the producer's TMA brings each K
+// or V tile's e4m3 rows into a ring of raw tiles, with a descriptor (K or V, that ring's count,
+// rows inside the sequence); the producer warpgroup's other three warps convert them into the
+// same f16 stages the consumers read for a 16-bit cache (exact; rows past the sequence zeros), so
+// the consumers run unchanged in f16 (k_scale in the logits' scale, v_scale in the output's;
+// bf16 or fp8 Q converted to f16 in shared memory; varlen quantises P to fp8 as the seed does).
 //
 // The same core runs varlen and block-sparse prefill (paged/src_sm90.h, Tr::MODE): K/V rows of a
 // contiguous tensor in TMA pages that start at any row (varlen: the sequence's keys; sparse: the
@@ -64,6 +65,9 @@ struct attnd_paged_sm90_traits {
     // an fp8 cache: TMA brings each K/V tile's e4m3 rows into a raw ring, the producer
     // warpgroup's other three warps convert them into the f16 stages the consumers read
     static constexpr bool FP8 = KV == ATTND_KV_FP8;
+    // varlen with fp8 inputs: P quantised to fp8 (p * p_descale) before P V, as the seed does
+    // (the f16 P V of those values is the fp8 product, exactly)
+    static constexpr bool QUANT_P = FP8 && MODE == ATTND_SRC_CONTIG;
     typedef typename attnd_select<KV == ATTND_KV_BF16, __nv_bfloat16, __half>::type TC;
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
@@ -110,7 +114,7 @@ struct attnd_paged_sm90_traits {
     static constexpr int CONSUMER_REGS = FP8 ? 224 : UNROLLED_TMA ? 232 : 240;
 
     static_assert(D_PAD == 64 || D_PAD == 128 || D_PAD == 256, "padded head size");
-    static_assert(!FP8 || (D_PAD <= 128 && MODE == ATTND_SRC_PAGED), "fp8: paged, head <= 128");
+    static_assert(!FP8 || !SPARSE, "fp8: paged or varlen");
     static_assert(ON == 8 || ON == 16, "wgmma n64 / n128");
     static_assert(SR == 8 || SR == 16, "wgmma n64 / n128");
     static_assert(BLOCK_N % 64 == 0 && BLOCK_N / 16 <= 32, "whole pages, one lane each");
@@ -351,13 +355,13 @@ template <class Tr> struct attnd_sm90_producer {
     __device__ __forceinline__ void issue_page(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
                                                int kvh, int pid, int p) const
     {
+        const int c2 = Tr::MODE == ATTND_SRC_PAGED ? 0 : pid;
+        const int c3 = Tr::MODE == ATTND_SRC_PAGED ? pid : 0;
         if constexpr (Tr::FP8) {
-            attnd_tma_load4(dst + (uint32_t)(p << a.bs_log2) * Tr::D_PAD, tm, bar, 0, kvh, 0, pid);
+            attnd_tma_load4(dst + (uint32_t)(p << a.bs_log2) * Tr::D_PAD, tm, bar, 0, kvh, c2, c3);
             return;
         }
         const uint32_t d = dst + (uint32_t)(p << a.bs_log2) * 128;
-        const int c2 = Tr::MODE == ATTND_SRC_PAGED ? 0 : pid;
-        const int c3 = Tr::MODE == ATTND_SRC_PAGED ? pid : 0;
 #pragma unroll
         for (int s = 0; s < Tr::SLABS; s++)
             attnd_tma_load4(d + s * Tr::SLAB_BYTES, tm, bar, 64 * s, kvh, c2, c3);
@@ -606,11 +610,7 @@ template <class Tr> struct attnd_sm90_converter {
                 const int row = r0 + k * RPP;
                 if (PASSES * RPP > Tr::BLOCK_N && row >= Tr::BLOCK_N) break;
                 uint4 x = make_uint4(0u, 0u, 0u, 0u), lo, hi;
-                if (row < d.z)
-                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                                 : "r"(src + k * RPP * Tr::D_PAD)
-                                 : "memory");
+                if (row < d.z) x = attnd_ld_shared16(src + k * RPP * Tr::D_PAD);
                 attnd_fp8x16_to_f16(x, &lo, &hi);
                 attnd_st_shared16(dst + attnd_slab_off(row, cc), lo);
                 attnd_st_shared16(dst + attnd_slab_off(row, cc + 1), hi);
@@ -655,7 +655,7 @@ template <class Tr> struct attnd_sm90_consumer {
     bool late_store = true;  // chained: a tile's rows stored under the next step's GEMMs
     bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
     bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
-    bool q_bf16 = false;     // fp8: Q in bf16, copied as it is and converted in shared memory
+    bool q_conv = false;     // fp8: Q in bf16 or fp8, copied as it is, converted in shared memory
     attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
@@ -690,11 +690,13 @@ template <class Tr> struct attnd_sm90_consumer {
         attnd_fence_proxy_async();
     }
 
-    // The same rows copied as they are (Q already in the compute type, 16-byte rows) with
-    // cp.async: issued now, waited for when the tile starts.
+    // The same rows copied as they are with cp.async (Q in the compute type, or fp8 (f16
+    // compute) with bf16 or fp8 Q: converted by convert_q; fp8 Q: 8 bytes into the low half of
+    // each chunk): issued now, waited for when the tile starts.
     __device__ __forceinline__ void load_q_async(const attnd_sm90_tile &w, int buf) const
     {
         const int g = a.group, d_act = (int)a.p.q.shape[2];
+        const bool q8 = Tr::FP8 && a.p.q.dtype == ATTND_DTYPE_FP8_E4M3;
         const uint32_t dst = sm.q(wg, buf);
         constexpr int QC = Tr::D_PAD / 8;
 #pragma unroll 4
@@ -703,26 +705,33 @@ template <class Tr> struct attnd_sm90_consumer {
             const bool ok = idx < w.rows_total && ch * 8 < d_act;
             const int qt = gd.div(idx);
             const int tok = ok ? w.q_start + qt : 0, head = ok ? w.kvh * g + gd.mod(idx, qt) : 0;
-            const uint16_t *src = (const uint16_t *)a.p.q.data + (int64_t)tok * a.p.q.strides[0] +
-                                  (int64_t)head * a.p.q.strides[1] + (ok ? ch * 8 : 0);
-            attnd_cp_async16(attnd_paged_buf_at(dst, r, ch), src, ok ? 16 : 0);
+            const int64_t e = (int64_t)tok * a.p.q.strides[0] + (int64_t)head * a.p.q.strides[1] +
+                              (ok ? ch * 8 : 0);
+            if (q8)
+                attnd_cp_async8(attnd_paged_buf_at(dst, r, ch), (const uint8_t *)a.p.q.data + e,
+                                ok ? 8 : 0);
+            else
+                attnd_cp_async16(attnd_paged_buf_at(dst, r, ch), (const uint16_t *)a.p.q.data + e,
+                                 ok ? 16 : 0);
         }
     }
 
-    // fp8 (f16 compute) with bf16 Q: the chunks this thread copied into Q buffer buf
-    // (load_q_async's loop) converted to f16 in place, saturating, as load_q would have.
+    // fp8 (f16 compute) with bf16 or fp8 Q: the chunks this thread copied into Q buffer buf
+    // (load_q_async's loop) converted to f16 in place (bf16 saturating, as load_q would have;
+    // fp8 exact).
     __device__ __forceinline__ void convert_q(int buf) const
     {
         const uint32_t dst = sm.q(wg, buf);
+        const bool q8 = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3;
         constexpr int QC = Tr::D_PAD / 8;
 #pragma unroll 4
         for (int c = ctid; c < 64 * QC; c += 128) {
             const uint32_t at = attnd_paged_buf_at(dst, c / QC, c % QC);
-            uint4 x;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                         : "r"(at)
-                         : "memory");
+            if (q8) {
+                attnd_st_shared16(at, attnd_fp8x8_to_half8(attnd_ld_shared8(at)));
+                continue;
+            }
+            const uint4 x = attnd_ld_shared16(at);
             uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
             for (int k = 0; k < 4; k++)
@@ -963,16 +972,23 @@ template <class Tr> struct attnd_sm90_consumer {
         acc.l[1] = acc.l[1] * acc.alpha[1] + rs[1];
     }
 
-    // Probabilities -> the A fragments of P V (compute type).
-    static __device__ __forceinline__ void to_p(const float (&s)[Tr::SR][4],
-                                                uint32_t (&pf)[Tr::BLOCK_N / 16][4])
+    // Probabilities -> the A fragments of P V (compute type; QUANT_P: fp8(p * p_descale) as f16).
+    __device__ __forceinline__ void to_p(const float (&s)[Tr::SR][4],
+                                         uint32_t (&pf)[Tr::BLOCK_N / 16][4]) const
     {
+        auto pack = [&](float x, float y) {
+            if constexpr (Tr::QUANT_P)
+                return attnd_fp8x2_to_half2<0>(__nv_cvt_float2_to_fp8x2(
+                    make_float2(x * a.p_descale, y * a.p_descale), __NV_SATFINITE, __NV_E4M3));
+            else
+                return attnd_tc<TC>::pack(x, y);
+        };
 #pragma unroll
         for (int kk = 0; kk < Tr::BLOCK_N / 16; kk++) {
-            pf[kk][0] = attnd_tc<TC>::pack(s[2 * kk][0], s[2 * kk][1]);
-            pf[kk][1] = attnd_tc<TC>::pack(s[2 * kk][2], s[2 * kk][3]);
-            pf[kk][2] = attnd_tc<TC>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[kk][3] = attnd_tc<TC>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pf[kk][0] = pack(s[2 * kk][0], s[2 * kk][1]);
+            pf[kk][1] = pack(s[2 * kk][2], s[2 * kk][3]);
+            pf[kk][2] = pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[kk][3] = pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
     }
 
@@ -1172,8 +1188,8 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     late_store = !(off & ATTND_SM90_NO_LATE_STORE);
     gd.init(a.group);
     const int tc_dt = Tr::KV == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
-    q_bf16 = Tr::FP8 && a.p.q.dtype == ATTND_DTYPE_BF16;
-    const bool qpf = Tr::QBUF == 2 && (a.p.q.dtype == tc_dt || q_bf16) && a.q_vec &&
+    q_conv = Tr::FP8 && (a.p.q.dtype == ATTND_DTYPE_BF16 || a.p.q.dtype == ATTND_DTYPE_FP8_E4M3);
+    const bool qpf = Tr::QBUF == 2 && (a.p.q.dtype == tc_dt || q_conv) && a.q_vec &&
                      !(off & ATTND_SM90_NO_QPREFETCH);
     if (pingpong && wg == 0) attnd_bar_arrive(1, 256); // warpgroup 0 issues first
     const int ot = a.p.out.dtype, os0 = (int)(a.p.out.strides[0] & 7),
@@ -1184,7 +1200,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     // chained tiles: the next tile's Q already there, the rows out through shared memory (the
     // one epilogue inlined in the loop); not in the plain instantiation (at fixed clocks the
     // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
-    chain = !Tr::PLAIN && qpf && !q_bf16 && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
+    chain = !Tr::PLAIN && qpf && !q_conv && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
@@ -1213,7 +1229,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         if (qpf) { // this tile's rows (the next tile's may be in flight); waited for even when
                    // unused, else that copy could land after the next one into the same buffer
             attnd_cp_async_wait<1>();
-            if (Tr::FP8 && q_bf16) convert_q(qb);
+            if (Tr::FP8 && q_conv) convert_q(qb);
             attnd_fence_proxy_async();
         }
         if (keys) {
@@ -1242,7 +1258,7 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
         attnd_sm90_acc<Tr> acc;
         reset(acc);
         attnd_cp_async_wait<0>(); // w's rows (copied during the previous tile)
-        if (Tr::FP8 && q_bf16) convert_q(qb);
+        if (Tr::FP8 && q_conv) convert_q(qb);
         attnd_fence_proxy_async();
         attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
         bool have_next = false;

@@ -25,6 +25,26 @@ __device__ __forceinline__ int64_t attnd_mul_wide(int32_t a, int32_t b)
     return r;
 }
 
+// One 16-byte shared load at a shared-state-space address, ordered with the other shared
+// accesses (volatile, memory clobber: the data may have been written by another proxy's copy).
+__device__ __forceinline__ uint4 attnd_ld_shared16(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+// One 8-byte shared load, as attnd_ld_shared16.
+__device__ __forceinline__ uint2 attnd_ld_shared8(uint32_t addr)
+{
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+
 // One 16-byte shared store at a shared-state-space address.
 __device__ __forceinline__ void attnd_st_shared16(uint32_t addr, uint4 v)
 {
