@@ -20,13 +20,6 @@ template <> struct attnd_t16<true> {
     typedef __nv_bfloat16 T;
 };
 
-// A packed pair of 16-bit values as two floats.
-template <bool IS_BF16> static __device__ __forceinline__ float2 attnd_unpack2(uint32_t u)
-{
-    if (IS_BF16) return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-    return __half22float2(*reinterpret_cast<__half2 *>(&u));
-}
-
 template <bool IS_BF16> static __device__ __forceinline__ uint32_t attnd_pack2(float lo, float hi)
 {
     return attnd_tc<typename attnd_t16<IS_BF16>::T>::pack(lo, hi);

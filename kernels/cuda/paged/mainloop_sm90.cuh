@@ -734,9 +734,10 @@ template <class Tr> struct attnd_sm90_consumer {
             const uint4 x = attnd_ld_shared16(at);
             uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                w[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(__uint_as_float(w[k] << 16)),
-                                          attnd_tc<TC>::clamp(__uint_as_float(w[k] & 0xffff0000u)));
+            for (int k = 0; k < 4; k++) {
+                const float2 f = attnd_unpack2<true>(w[k]);
+                w[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f.x), attnd_tc<TC>::clamp(f.y));
+            }
             attnd_st_shared16(at, make_uint4(w[0], w[1], w[2], w[3]));
         }
     }

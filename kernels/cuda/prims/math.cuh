@@ -170,6 +170,13 @@ __device__ __forceinline__ void attnd_st_elem(void *base, int dt, int64_t i, flo
     }
 }
 
+// A packed pair of 16-bit values (low half first) as two floats (bf16: f32's upper half).
+template <bool IS_BF16> __device__ __forceinline__ float2 attnd_unpack2(uint32_t u)
+{
+    if (IS_BF16) return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+    return __half22float2(*reinterpret_cast<__half2 *>(&u));
+}
+
 // Eight consecutive elements starting at element offset i into f[]. vec: the address is aligned
 // to the vector width (16 bytes for 16-bit and f32, 8 for fp8) so one or two wide loads suffice.
 __device__ __forceinline__ void attnd_ld8(const void *base, int dt, int64_t i, bool vec, float f[8])
@@ -187,14 +194,9 @@ __device__ __forceinline__ void attnd_ld8(const void *base, int dt, int64_t i, b
             uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                if (dt == ATTND_DTYPE_F16) {
-                    __half2 h = *reinterpret_cast<__half2 *>(&w[k]);
-                    float2 t = __half22float2(h);
-                    f[2 * k] = t.x, f[2 * k + 1] = t.y;
-                } else {
-                    f[2 * k] = __uint_as_float(w[k] << 16);
-                    f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-                }
+                const float2 t =
+                    dt == ATTND_DTYPE_F16 ? attnd_unpack2<false>(w[k]) : attnd_unpack2<true>(w[k]);
+                f[2 * k] = t.x, f[2 * k + 1] = t.y;
             }
             return;
         }
@@ -203,7 +205,7 @@ __device__ __forceinline__ void attnd_ld8(const void *base, int dt, int64_t i, b
             const uint32_t w[4] = {h.x, h.y, h.z, h.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
+                const float2 a = attnd_unpack2<false>(w[k]);
                 f[2 * k] = a.x, f[2 * k + 1] = a.y;
             }
             return;
