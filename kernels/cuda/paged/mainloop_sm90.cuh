@@ -62,8 +62,9 @@ struct attnd_paged_sm90_traits {
     static constexpr bool SPARSE = MODE == ATTND_SRC_SPARSE;
     static constexpr bool HAS_SINKS = SINKS;
     static constexpr bool PLAIN = PLAIN_;
-    // an fp8 cache: TMA brings each K/V tile's e4m3 rows into a raw ring, the producer
-    // warpgroup's other three warps convert them into the f16 stages the consumers read
+    // fp8 K/V (a paged cache, or varlen's inputs): TMA brings each K/V tile's e4m3 rows into a
+    // raw ring, the producer warpgroup's other three warps convert them into the f16 stages the
+    // consumers read
     static constexpr bool FP8 = KV == ATTND_KV_FP8;
     // varlen with fp8 inputs: P quantised to fp8 (p * p_descale) before P V, as the seed does
     // (the f16 P V of those values is the fp8 product, exactly)
