@@ -252,12 +252,14 @@ static void bench_varlen(void)
     struct {
         attnd_dtype dt;
         int64_t d;
+        int bias; /* a bf16 bias [B, HQ, L, L] */
         const char *name;
-    } cases[4] = {{ATTND_DTYPE_BF16, 128, "bf16"},
-                  {ATTND_DTYPE_F16, 128, "fp16"},
-                  {ATTND_DTYPE_BF16, 96, "bf16"},
-                  {ATTND_DTYPE_FP8_E4M3, 128, "fp8"}};
-    for (int i = 0; i < 4; i++) {
+    } cases[5] = {{ATTND_DTYPE_BF16, 128, 0, "bf16"},
+                  {ATTND_DTYPE_F16, 128, 0, "fp16"},
+                  {ATTND_DTYPE_BF16, 96, 0, "bf16"},
+                  {ATTND_DTYPE_FP8_E4M3, 128, 0, "fp8"},
+                  {ATTND_DTYPE_BF16, 128, 1, "bf16 bias"}};
+    for (int i = 0; i < 5; i++) {
         const int64_t d = cases[i].d;
         int64_t qs[3] = {B * L, HQ, d}, ks[3] = {B * L, HK, d};
         attnd_varlen_params p;
@@ -275,6 +277,8 @@ static void bench_varlen(void)
         p.q_scale = p.k_scale = p.v_scale = 1.0f;
         p.p_scale = cases[i].dt == ATTND_DTYPE_FP8_E4M3 ? 1.0f / 448.0f : 1.0f;
         p.out_scale = 1.0f;
+        int64_t bs[4] = {B, HQ, L, L};
+        if (cases[i].bias) p.bias = dev_tensor(ATTND_DTYPE_BF16, 4, bs, 1.0);
         double ms = time_op(varlen_fn, &p);
         double flops = 4.0 * (double)(B * HQ * d) * (double)(L * L) / 2;
         printf("case=varlen %s b=%lld L=%lld d=%lld %s causal | ms=%.4g | TFLOPs=%.4g\n", who,
@@ -285,6 +289,7 @@ static void bench_varlen(void)
         dev_free(&p.out);
         dev_free(&p.cu_seqlens_q);
         dev_free(&p.cu_seqlens_k);
+        if (cases[i].bias) dev_free(&p.bias);
     }
 }
 

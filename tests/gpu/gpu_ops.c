@@ -372,6 +372,14 @@ static void test_varlen(void)
         random_seqs(&b.s, 3, quick ? 70 : 200, 2);
         varlen_case(&b);
     }
+    /* bias on the awkward lengths: f16 bias, GQA 8/1, head 64; fp8 inputs with an f32 bias */
+    vcase bb = c;
+    bb.bias_dt = ATTND_DTYPE_F16, bb.hq = 8, bb.hk = 1, bb.d = 64;
+    bb.in_dt = bb.out_dt = ATTND_DTYPE_BF16;
+    varlen_case(&bb);
+    bb.bias_dt = ATTND_DTYPE_F32, bb.hq = 4, bb.hk = 1, bb.d = 128, bb.causal = 0;
+    bb.in_dt = ATTND_DTYPE_FP8_E4M3;
+    varlen_case(&bb);
     /* fp8 inputs with fp8 output; fp8 with f32 output and bias */
     vcase f = c;
     f.in_dt = ATTND_DTYPE_FP8_E4M3, f.out_dt = ATTND_DTYPE_FP8_E4M3, f.causal = 1, f.d = 64;
