@@ -7,11 +7,11 @@
 // segment merges its partials (the stream's tickets, paged/reduce.cuh), else the reduce kernel
 // does. The 2D op uses the decode tiles with one segment when every sequence's packed rows
 // (query_len * group) fit in 16; otherwise prefill tiles: the sm90 core (wgmma + TMA) on an sm_90
-// device when this build has sm_90a code, the cache is 16-bit (or fp8 at head <= 128 without
-// sinks: the core's converting producer) and the driver encodes the caches' tensor maps, else the
-// sm80 prefill core (128 packed rows; 64 above head size 128). An f32 cache takes the exact
-// kernel of paged/f32.cu in both ops. Sinks join in the store of the final output (each core's
-// epilogue, or the reduce after a split).
+// device when this build has sm_90a code, the cache is 16-bit or fp8 (fp8: the core's converting
+// producer) and the driver encodes the caches' tensor maps, else the sm80 prefill core (128
+// packed rows; 64 above head size 128). An f32 cache takes the exact kernel of paged/f32.cu in
+// both ops. Sinks join in the store of the final output (each core's epilogue, or the reduce
+// after a split).
 #include <stdint.h>
 #include <string.h>
 
