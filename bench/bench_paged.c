@@ -6,7 +6,7 @@
  *                                  / time, as ../shared/anchors/bench_anchors.py counts them
  *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
  *
- *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST]
+ *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB]
  *
  * --sweep also times every segment count of a small list for each decode case (the chosen one is
  * marked); --ab times each decode case's split with the reduce kernel too (the backend's
@@ -14,8 +14,9 @@
  * (decode-bf16-1x32768, decode-fp8_e4m3-64x4096, prefill-1x8192, ...) contains SUBSTR (for
  * profilers); --off runs the prefill cases on the sm90 core with each ATTND_SM90_NO_* mask of a
  * comma-separated LIST (e.g. 0,256,8192) instead of the built-in variants, three rounds, each
- * starting one variant later (for per-launch A/B under a profiler's fixed clocks). Prints one line
- * per case and a summary table last. */
+ * starting one variant later (for per-launch A/B under a profiler's fixed clocks); --l2 sizes the
+ * sm90 core's tile sections as if the L2 held MIB MiB. Prints one line per case and a summary
+ * table last. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -477,7 +478,7 @@ static void bench_prefill(int batch, int L, attnd_dtype cache_dt, int quick)
 
 int main(int argc, char **argv)
 {
-    int sweep = 0, quick = 0;
+    int sweep = 0, quick = 0, l2_mib = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sweep") == 0)
             sweep = 1;
@@ -487,12 +488,16 @@ int main(int argc, char **argv)
             g_ab = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             g_only = argv[++i];
+        else if (strcmp(argv[i], "--l2") == 0 && i + 1 < argc)
+            l2_mib = atoi(argv[++i]);
         else if (strcmp(argv[i], "--off") == 0 && i + 1 < argc)
             for (char *t = strtok(argv[++i], ","); t && g_noffs < MAX_OFFS; t = strtok(NULL, ","))
                 g_offs[g_noffs++] = atoi(t);
         else {
-            fprintf(stderr, "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -504,6 +509,7 @@ int main(int argc, char **argv)
     attnd_cuda *c = attnd_cuda_of(g_b);
     g_stream = c->stream;
     g_num_sms = c->num_sms;
+    if (l2_mib > 0 && l2_mib < 2048) c->l2_bytes = l2_mib << 20;
     struct cudaDeviceProp prop;
     ATTND_CHECK_CUDA(cudaGetDeviceProperties(&prop, c->device));
     g_l2 = (size_t)prop.l2CacheSize;
