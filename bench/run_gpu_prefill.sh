@@ -22,7 +22,10 @@
 # variant makes 55 launches) and ncuab (every sm90 launch of `bench_paged --quick --off AB_OFFS`
 # per NCU_SHAPES timed by ncu one at a time, caches flushed: the median of each mask's 30 timed
 # launches). Both leave the card's clocks alone (--clock-control none), as the device machine's
-# method asks: earlier rounds' A/Bs at ncu's fixed base clocks are not repeatable there.
+# method asks: earlier rounds' A/Bs at ncu's fixed base clocks are not repeatable there. STEPS
+# kernels: attnd's prefill kernel (paged per NCU_SHAPES, and varlen 8x2048) against cuDNN's and
+# FA2's SDPA kernels, three launches each under ncu at the same clocks: the same-call SDPA anchors
+# timed with do_bench move 10% with the card's state (bench/RESULTS.md, fifth H200 session).
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -38,6 +41,28 @@ if [[ ${1:-} == --stage ]]; then
 fi
 set -u
 here=$(dirname "$0")
+
+# ktimes LABEL FLOPS KERNEL_REGEX SKIP COMMAND...: three launches of the kernel under ncu (the
+# card's clocks, caches flushed before each), in us, and the fastest as TFLOP/s
+ktimes() {
+    local label=$1 fl=$2 re=$3 skip=$4
+    shift 4
+    timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum -k "regex:$re" -s "$skip" \
+        -c 3 --csv --page raw "$@" 2>/dev/null >/tmp/kt.csv
+    python3 - /tmp/kt.csv "$label" "$fl" <<'PY'
+import csv, io, sys
+t = open(sys.argv[1]).read(); i = t.find('"ID"')
+rows = list(csv.reader(io.StringIO(t[i:]))) if i >= 0 else []
+us = []
+if len(rows) > 2:
+    k = rows[0].index("gpu__time_duration.sum")
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[rows[1][k]]
+    us = [float(r[k].replace(",", "")) * scale for r in rows[2:]]
+line = " ".join(f"{x:9.1f}" for x in us)
+fig = f"{float(sys.argv[3]) / min(us) / 1e6:7.1f} TFLOP/s (fastest)" if us else "no launch profiled"
+print(f"kernels {sys.argv[2]:24s} {line} us  {fig}")
+PY
+}
 D=/tmp/pf-bin
 sum=$(md5sum <"$here/bins.tar.xz")
 if [[ "$(cat $D/.sum 2>/dev/null)" != "$sum" ]]; then # unpacked once per staging
@@ -119,6 +144,25 @@ for v in range(nv):
     print(f"ab off={offs[v]:<6} median {m:10.1f} {unit}  min {x[0]:10.1f}  p25 {x[len(x)//4]:10.1f}  p75 {x[3*len(x)//4]:10.1f}  vs off=0 {100*(m/base-1):+6.2f}%")
 PY
         done ;;
+    kernels) echo "== kernel for kernel at the card's clocks (ncu: one launch at a time, caches flushed)"
+        cat >/tmp/sdpa_ncu.py <<'PY'
+import sys, torch, torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+b, L = map(int, sys.argv[1].split("x"))
+q = torch.randn(b, 32, L, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(b, 8, L, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+be = SDPBackend.CUDNN_ATTENTION if sys.argv[2] == "cudnn" else SDPBackend.FLASH_ATTENTION
+with sdpa_kernel(be):
+    for _ in range(8): F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+torch.cuda.synchronize()
+PY
+        for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
+            b=${sh%x*} L=${sh#*x}; fl=$((4 * b * 32 * 128 * L * L / 2))
+            ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
+            ktimes "cudnn sdpa $sh" $fl '(?i)fprop' 4 python3 /tmp/sdpa_ncu.py $sh cudnn
+            ktimes "fa2 sdpa $sh" $fl flash_fwd 4 python3 /tmp/sdpa_ncu.py $sh flash
+        done
+        ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
             timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op ${OPS_ARGS:-} >"$out/0_${tool}_$op.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;
