@@ -110,10 +110,8 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     l.tk = &tk;
     l.tv = &tv;
     l.src = &src;
-    const int64_t d = a.p.q.shape[2];
-    const int dp = attnd_paged_d_pad(d), di = dp == 64 ? 0 : (dp == 128 ? 1 : 2);
     const int kv = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3 ? 2 : a.p.q.dtype == ATTND_DTYPE_BF16;
-    const attnd_paged_fn f = kCore[sparse][di][kv];
+    const attnd_paged_fn f = kCore[sparse][attnd_paged_d_row(a.p.q.shape[2])][kv];
     if (f == NULL) return ATTND_ERR_OK;
     cudaError_t e = f(a, l);
     if (e == cudaErrorInvalidConfiguration) {

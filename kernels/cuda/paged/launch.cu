@@ -133,8 +133,7 @@ static const attnd_paged_fn kPagedRun[4][3][3] = {
 static cudaError_t paged_run(int core, int64_t head_size, int kv, const attnd_paged_kargs &a,
                              const attnd_paged_launch &l)
 {
-    const int dp = attnd_paged_d_pad(head_size), d = dp == 64 ? 0 : (dp == 128 ? 1 : 2);
-    attnd_paged_fn f = kPagedRun[core][d][kv];
+    attnd_paged_fn f = kPagedRun[core][attnd_paged_d_row(head_size)][kv];
     return f ? f(a, l) : cudaErrorInvalidConfiguration;
 }
 

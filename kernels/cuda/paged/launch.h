@@ -114,4 +114,11 @@ static inline int attnd_paged_d_pad(int64_t d)
     return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
 }
 
+// Its row in the launch tables ([head 64 / 128 / 256]).
+static inline int attnd_paged_d_row(int64_t d)
+{
+    const int dp = attnd_paged_d_pad(d);
+    return dp == 64 ? 0 : (dp == 128 ? 1 : 2);
+}
+
 #endif
