@@ -6,7 +6,7 @@
  *                                  / time, as ../shared/anchors/bench_anchors.py counts them
  *   prefill (2D, causal):  TFLOP/s = 4 * batch * 32 * 128 * L^2 / 2 / time
  *
- *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB]
+ *   bench_paged [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB] [--in-order]
  *
  * --sweep also times every segment count of a small list for each decode case (the chosen one is
  * marked); --ab times each decode case's split with the reduce kernel too (the backend's
@@ -15,8 +15,10 @@
  * profilers); --off runs the prefill cases on the sm90 core with each ATTND_SM90_NO_* mask of a
  * comma-separated LIST (e.g. 0,256,8192) instead of the built-in variants, three rounds, each
  * starting one variant later (for per-launch A/B under a profiler's fixed clocks); --l2 sizes the
- * sm90 core's tile sections as if the L2 held MIB MiB. Prints one line per case and a summary
- * table last. */
+ * sm90 core's tile sections as if the L2 held MIB MiB; --in-order lays each sequence's blocks out
+ * as one ascending run (as the daemon's free list hands a prompt's blocks out of a fresh cache)
+ * instead of a random permutation of the pool. Prints one line per case and a summary table
+ * last. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,7 @@ static attnd_backend *g_b;
 static cudaStream_t g_stream;
 static int g_num_sms;
 static size_t g_l2;
+static int g_in_order; /* block tables: each sequence one ascending run, not shuffled */
 
 /* ---------------------------------------------------------------- random device data */
 
@@ -132,7 +135,7 @@ static void make_set(set *s, int batch, int ctx, int qlen, attnd_dtype cache_dt,
     int64_t *perm = malloc((size_t)(nblocks - 8) * sizeof *perm);
     for (int64_t i = 0; i < nblocks - 8; i++)
         perm[i] = i;
-    for (int64_t i = nblocks - 9; i > 0; i--) {
+    for (int64_t i = nblocks - 9; i > 0 && !g_in_order; i--) {
         int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
@@ -490,14 +493,16 @@ int main(int argc, char **argv)
             g_only = argv[++i];
         else if (strcmp(argv[i], "--l2") == 0 && i + 1 < argc)
             l2_mib = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--in-order") == 0)
+            g_in_order = 1;
         else if (strcmp(argv[i], "--off") == 0 && i + 1 < argc)
             for (char *t = strtok(argv[++i], ","); t && g_noffs < MAX_OFFS; t = strtok(NULL, ","))
                 g_offs[g_noffs++] = atoi(t);
         else {
-            fprintf(
-                stderr,
-                "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--sweep] [--ab] [--quick] [--only SUBSTR] [--off LIST] [--l2 MIB] "
+                    "[--in-order]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -514,9 +519,9 @@ int main(int argc, char **argv)
     ATTND_CHECK_CUDA(cudaGetDeviceProperties(&prop, c->device));
     g_l2 = (size_t)prop.l2CacheSize;
     printf("bench_paged: %s (cc %d), %d SMs, L2 %zu MiB; bf16 q/out, %d q heads, %d kv heads, head "
-           "%d, "
-           "block %d\n",
-           prop.name, c->cc, g_num_sms, g_l2 >> 20, HQ, HK, HD, BS);
+           "%d, block %d, blocks %s\n",
+           prop.name, c->cc, g_num_sms, g_l2 >> 20, HQ, HK, HD, BS,
+           g_in_order ? "in order" : "shuffled");
 
     static const int dec[4][2] = {{1, 32768}, {8, 8192}, {64, 4096}, {256, 2048}};
     float t_bf16_64 = 0.0f, t_fp8_64 = 0.0f;

@@ -25,7 +25,9 @@
 # method asks: earlier rounds' A/Bs at ncu's fixed base clocks are not repeatable there. STEPS
 # kernels: attnd's prefill kernel (paged per NCU_SHAPES, and varlen 8x2048) against cuDNN's and
 # FA2's SDPA kernels, three launches each under ncu at the same clocks: the same-call SDPA anchors
-# timed with do_bench move 10% with the card's state (bench/RESULTS.md, fifth H200 session).
+# timed with do_bench move 10% with the card's state (bench/RESULTS.md, fifth H200 session);
+# kattnd: attnd's kernels alone (paged with shuffled and with in-order block tables, varlen), for
+# A/Bs between stagings.
 if [[ ${1:-} == --stage ]]; then
     src=$2 dst=$3 tmp=$(mktemp -d)
     mkdir -p "$dst/devlib"
@@ -159,8 +161,16 @@ PY
         for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
             b=${sh%x*} L=${sh#*x}; fl=$((4 * b * 32 * 128 * L * L / 2))
             ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
+            ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
             ktimes "cudnn sdpa $sh" $fl '(?i)fprop' 4 python3 /tmp/sdpa_ncu.py $sh cudnn
             ktimes "fa2 sdpa $sh" $fl flash_fwd 4 python3 /tmp/sdpa_ncu.py $sh flash
+        done
+        ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen ;;
+    kattnd) echo "== attnd's kernels at the card's clocks (ncu, three launches each)"
+        for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
+            b=${sh%x*} L=${sh#*x}; fl=$((4 * b * 32 * 128 * L * L / 2))
+            ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
+            ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
         done
         ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"

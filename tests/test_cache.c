@@ -285,6 +285,36 @@ Test(cache, free_returns_blocks_and_reclaim_takes_only_the_owner, .timeout = 60)
     attnd_cache_free(c);
 }
 
+/* s's blocks are one run of consecutive ascending ids. */
+static void assert_run(const attnd_seq *s)
+{
+    for (uint32_t i = 1; i < s->nblocks; i++)
+        cr_assert_eq(s->blocks[i], s->blocks[0] + (int32_t)i, "block %u: %d after %d", i,
+                     s->blocks[i], s->blocks[i - 1]);
+}
+
+Test(cache, freed_blocks_come_back_as_runs, .timeout = 60)
+{
+    attnd_cache *c = make(NB, 0);
+    attnd_seq *a, *b, *d;
+    char err[128];
+    cr_assert_eq(attnd_cache_create(c, 1, 1, &a), ATTND_ERR_OK);
+    cr_assert_eq(attnd_cache_create(c, 1, 2, &b), ATTND_ERR_OK);
+    grow(c, a, 5 * BS, NULL);
+    grow(c, b, 2 * BS, NULL);
+    assert_run(a);
+    assert_run(b);
+    attnd_cache_release(c, a); /* its five blocks, then a prompt of four takes four of them */
+    cr_assert_eq(attnd_cache_create(c, 1, 3, &d), ATTND_ERR_OK);
+    grow(c, d, 4 * BS, NULL);
+    assert_run(d);
+    cr_assert_eq(attnd_cache_truncate(c, d, 3 * BS, "tokens", err, sizeof err), ATTND_ERR_OK, "%s",
+                 err);
+    grow(c, d, 3 * BS, NULL); /* rolled back and grown again: the same run */
+    assert_run(d);
+    attnd_cache_free(c);
+}
+
 Test(cache, linear_slots_run_out, .timeout = 60)
 {
     attnd_cache *c = make(NB, 1), *none = make(NB, 0);

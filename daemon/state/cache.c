@@ -144,6 +144,14 @@ static void block_unref(attnd_cache *c, int32_t b)
     if (--c->refs[b] == 0) c->free_stack[c->nfree++] = b;
 }
 
+/* Blocks [0, n) of a list, the last first: the stack then hands them out again in their order,
+ * so a prompt's blocks stay runs of consecutive ids (the GPU reads a run as one copy). */
+static void blocks_unref(attnd_cache *c, const int32_t *blocks, uint32_t n)
+{
+    while (n > 0)
+        block_unref(c, blocks[--n]);
+}
+
 /* ---------------------------------------------------------------- sequences */
 
 attnd_seq *attnd_cache_find(const attnd_cache *c, uint64_t owner, uint64_t id)
@@ -254,8 +262,7 @@ attnd_err attnd_cache_fork(attnd_cache *c, attnd_seq *parent, uint64_t child_id,
 void attnd_cache_release(attnd_cache *c, attnd_seq *s)
 {
     attnd_cache_abort(c, s);
-    for (uint32_t i = 0; i < s->nblocks; i++)
-        block_unref(c, s->blocks[i]);
+    blocks_unref(c, s->blocks, s->nblocks);
     if (s->linear_slot >= 0) c->linear_free[c->nlinear_free++] = s->linear_slot;
     table_remove(c, s);
     seq_destroy(s);
@@ -337,8 +344,7 @@ static void release_before_window(attnd_cache *c, attnd_seq *s)
     uint32_t keep = (s->num_tokens - c->window + 1) / c->block_size; /* first logical block kept */
     if (keep <= s->base) return;
     uint32_t drop = keep - s->base;
-    for (uint32_t i = 0; i < drop; i++)
-        block_unref(c, s->blocks[i]);
+    blocks_unref(c, s->blocks, drop);
     memmove(s->blocks, s->blocks + drop, (size_t)(s->nblocks - drop) * sizeof *s->blocks);
     s->nblocks -= drop;
     s->base = keep;

@@ -10,8 +10,8 @@
 #include "paged/launch.h"
 #include "varlen_sm90.h"
 
-// Packed K or V [rows, kv heads, head]: dims (head, kv head, row, 1), boxes of one page of rows,
-// rows past the tensor read as zeros.
+// Packed K or V [rows, kv heads, head]: dims (head, kv head, row, 1), boxes of one page of rows
+// (run maps: of a whole K/V tile's), rows past the tensor read as zeros.
 static int encode_packed(const attnd_cuda *c, const attnd_tensor *t, int page, CUtensorMap *m)
 {
     if (t->shape[0] <= 0) return 0;
@@ -20,7 +20,7 @@ static int encode_packed(const attnd_cuda *c, const attnd_tensor *t, int page, C
                                 (cuuint64_t)t->shape[0], 1};
     const cuuint64_t strides[3] = {(cuuint64_t)t->strides[1] * es, (cuuint64_t)t->strides[0] * es,
                                    (cuuint64_t)t->strides[0] * es * (cuuint64_t)t->shape[0]};
-    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)page, m);
+    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)page, 1, m);
 }
 
 // A packed tensor [rows, heads, head] as the core's [rows][page][heads][head] cache: page i
@@ -100,15 +100,16 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
                                const attnd_sm90_src &src, int max_q, int max_k, int *ran)
 {
     attnd_cuda *c = attnd_cuda_of(b);
-    CUtensorMap tk, tv;
-    const int page = 1 << a.bs_log2;
+    attnd_sm90_maps m;
+    const int page = 1 << a.bs_log2, tile = attnd_sm90_block_n(attnd_paged_d_pad(k->shape[2]));
+    const int run = tile > page ? tile : page;
     *ran = 0;
-    if (!encode_packed(c, k, page, &tk) || !encode_packed(c, v, page, &tv))
+    if (!encode_packed(c, k, page, &m.k) || !encode_packed(c, v, page, &m.v) ||
+        !encode_packed(c, k, run, &m.k_run) || !encode_packed(c, v, run, &m.v_run))
         return ATTND_ERR_OK; // not expressible as tensor maps: the mma.sync kernel
     attnd_paged_launch l;
     attnd_paged_launch_init(&l, c, a.p.q.shape[0], max_q, max_k);
-    l.tk = &tk;
-    l.tv = &tv;
+    l.maps = &m;
     l.src = &src;
     const int kv = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3 ? 2 : a.p.q.dtype == ATTND_DTYPE_BF16;
     const attnd_paged_fn f = kCore[sparse][attnd_paged_d_row(a.p.q.shape[2])][kv];

@@ -39,6 +39,8 @@ typedef struct pcase {
     int segments;
     int q_pad, out_pad; /* innermost row length in elements (0: contiguous) */
     double q_sigma;
+    int runs; /* block tables in ascending runs of ids (a break about every 8 blocks), not a
+                 permutation: the sm90 producer's one box per tile of one run */
 } pcase;
 
 static attnd_backend *g_cpu, *g_cuda;
@@ -197,11 +199,14 @@ static void run_paged_case(const pcase *c, attnd_rng *rng)
     int64_t next = 0, tok = 0;
     for (int s = 0; s < S; s++) {
         int64_t L = c->qlen[s] + c->ctx[s], nb = cdiv(L, c->bs);
+        int64_t id = attnd_rng_int(rng, 0, num_blocks - 1);
         for (int64_t j = 0; j < max_blk; j++) {
             int64_t idx[2] = {s, j};
-            attnd_tt_set(
-                &bt, idx,
-                (double)(j < nb ? perm[next + j] : perm[attnd_rng_int(rng, 0, num_blocks - 1)]));
+            if (c->runs && j > 0)
+                id = attnd_rng_int(rng, 0, 7) ? (id + 1) % num_blocks
+                                              : attnd_rng_int(rng, 0, num_blocks - 1);
+            int64_t at = j < nb ? next + j : attnd_rng_int(rng, 0, num_blocks - 1);
+            attnd_tt_set(&bt, idx, (double)(c->runs ? id : perm[at]));
         }
         next += nb;
         int64_t i1[1] = {s};
@@ -674,6 +679,21 @@ static void reduced_grid(attnd_rng *rng)
         name_case(&c, "reduced-prefill");
         run_paged_case(&c, rng);
     }
+    /* block tables in runs (the sm90 producer's one box per tile): 16-bit and fp8 caches, block
+     * sizes 16 / 32 / 64, heads 128 / 64 / 256, tiles wholly in a run and across its breaks */
+    for (int i = 0; i < 6; i++) {
+        static const int q[3] = {300, 129, 64}, x[3] = {0, 77, 200};
+        static const int bs[3] = {16, 32, 64}, d[3] = {128, 64, 256};
+        base_case(&c);
+        set_seqs(&c, 3, q, x);
+        c.runs = 1;
+        c.cache_dt = i % 2 ? ATTND_DTYPE_FP8_E4M3 : ATTND_DTYPE_BF16;
+        c.bs = bs[i % 3];
+        c.d = d[(i / 2) % 3];
+        c.sinks = i == 4;
+        name_case(&c, "reduced-runs");
+        run_paged_case(&c, rng);
+    }
     run_cache_write_case(37, 2, 128, 16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3, 0, rng);
     run_cache_write_case(20, 3, 40, 32, ATTND_DTYPE_F32, ATTND_DTYPE_BF16, 1, rng);
     run_cache_write_case(20, 2, 64, 16, ATTND_DTYPE_BF16, ATTND_DTYPE_F32, 0, rng);
@@ -819,9 +839,10 @@ static void full_grid(attnd_rng *rng)
             c.d = hi == 2 ? 64 : 128;
             c.segments = segs[k % 6];
             c.window = hi == 1 ? 200 : 0;
+            c.runs = (ci + hi) % 2;
             static const int q[3] = {300, 129, 64}, x[3] = {0, 77, 200};
             set_seqs(&c, 3, q, x);
-            name_case(&c, "prefill");
+            name_case(&c, c.runs ? "prefill-runs" : "prefill");
             run_paged_case(&c, rng);
         }
 
@@ -865,9 +886,10 @@ static void full_grid(attnd_rng *rng)
         c.softcap = ci == 0 ? 20.0f : 0.0f;
         c.sinks = ci == 1;
         c.segments = 1;
+        c.runs = ci != 1;
         static const int q[4] = {1024, 700, 1, 900}, x[4] = {512, 0, 333, 1234};
         set_seqs(&c, 4, q, x);
-        name_case(&c, "big");
+        name_case(&c, c.runs ? "big-runs" : "big");
         run_paged_case(&c, rng);
     }
 

@@ -154,7 +154,8 @@ void attnd_paged_launch_init(attnd_paged_launch *l, attnd_cuda *c, int64_t num_t
 }
 
 int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
-                          const cuuint64_t strides[3], cuuint32_t box_rows, CUtensorMap *m)
+                          const cuuint64_t strides[3], cuuint32_t box_rows, cuuint32_t box_pages,
+                          CUtensorMap *m)
 {
     typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
@@ -165,7 +166,7 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
     // bytes, unswizzled, for the converting warps (the columns past the head read as zeros)
     const int fp8 = t->dtype == ATTND_DTYPE_FP8_E4M3;
     const cuuint32_t box0 = fp8 ? (cuuint32_t)attnd_paged_d_pad((int64_t)dims[0]) : 64;
-    const cuuint32_t box[4] = {box0, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {box0, 1, box_rows, box_pages}, unit[4] = {1, 1, 1, 1};
     const CUtensorMapDataType dt = fp8                            ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -177,27 +178,32 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
 }
 
 #ifdef ATTND_CUDA_SM90A
-// A 16-bit or fp8 cache: dims (head, kv head, row in block, block), boxes of one page.
-static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, CUtensorMap *m)
+// A 16-bit or fp8 cache: dims (head, kv head, row in block, block), boxes of one page, or of
+// the pages of a whole K/V tile (run: a run of consecutive block ids lands as its pages would).
+static int encode_cache_map(const attnd_cuda *c, const attnd_tensor *t, int run, CUtensorMap *m)
 {
     const cuuint64_t es = (cuuint64_t)attnd_dtype_size(t->dtype);
     const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2],
                                 (cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]};
     const cuuint64_t strides[3] = {(cuuint64_t)t->strides[2] * es, (cuuint64_t)t->strides[1] * es,
                                    (cuuint64_t)t->strides[0] * es};
-    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)t->shape[1], m);
+    const int per_tile = attnd_sm90_block_n(attnd_paged_d_pad(t->shape[3])) / (int)t->shape[1];
+    const cuuint32_t pages = run && per_tile > 1 ? (cuuint32_t)per_tile : 1;
+    return attnd_sm90_encode_map(c, t, dims, strides, (cuuint32_t)t->shape[1], pages, m);
 }
 #endif
 
 // The sm90 core can take this call: device, build, override, tensor maps.
-static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, CUtensorMap *tk,
-                       CUtensorMap *tv)
+static int sm90_usable(const attnd_cuda *c, const attnd_paged_params *p, attnd_sm90_maps *maps)
 {
 #ifdef ATTND_CUDA_SM90A
     if (c->cc != 90 || c->paged_core == 80) return 0;
-    return encode_cache_map(c, &p->k_cache, tk) && encode_cache_map(c, &p->v_cache, tv);
+    return encode_cache_map(c, &p->k_cache, 0, &maps->k) &&
+           encode_cache_map(c, &p->v_cache, 0, &maps->v) &&
+           encode_cache_map(c, &p->k_cache, 1, &maps->k_run) &&
+           encode_cache_map(c, &p->v_cache, 1, &maps->v_run);
 #else
-    (void)c, (void)p, (void)tk, (void)tv;
+    (void)c, (void)p, (void)maps;
     return 0;
 #endif
 }
@@ -299,14 +305,13 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
         return launch_status(b, attnd_paged_f32_run(a, c->stream), "paged_attention_2d");
     attnd_paged_launch l;
     attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
-    CUtensorMap tk, tv;
+    attnd_sm90_maps maps;
     int core = ATTND_CORE_SM80_PREFILL;
     if ((int64_t)p->max_query_len * a.group <= 16)
         core = ATTND_CORE_SM80_DECODE;
-    else if (sm90_usable(c, p, &tk, &tv)) {
+    else if (sm90_usable(c, p, &maps)) {
         core = p->sinks.data ? ATTND_CORE_SM90_PREFILL_SINKS : ATTND_CORE_SM90_PREFILL;
-        l.tk = &tk;
-        l.tv = &tv;
+        l.maps = &maps;
     }
     return launch_status(b, paged_run(core, p->q.shape[2], kv, a, l), "paged_attention_2d");
 }

@@ -47,12 +47,8 @@ enum {
                                        // are issued, not under them
     ATTND_SM90_NO_PLAIN = 8192,        // the general instantiation (chained tiles) even when the
                                        // plain one applies
-    ATTND_SM90_LANE_TMA = 16384,       // producer: each lane issues its own page's TMA boxes,
-                                       // not lane 0 every box with the page ids broadcast
     ATTND_SM90_V_AFTER_NEXT_K = 32768, // producer: V of tile j issued after K of tile j - 1,
                                        // not right after K of tile j
-    ATTND_SM90_PAGE_LOOP = 65536,      // producer: the elected lane loops over the pages, each
-                                       // page's id shuffled when its boxes are issued
     ATTND_SM90_V_REREAD = 131072       // producer: V of tile j reads the block table again, not
                                        // the page ids K of tile j read just before
 };
@@ -68,9 +64,9 @@ typedef struct attnd_paged_launch {
     int device, num_sms, max_smem; // max_smem: the device's opt-in shared-memory limit
     int64_t num_tokens;
     int max_query_len;
-    const CUtensorMap *tk, *tv; // sm90: tensor maps of k_cache and v_cache
-    int sm90_off;               // sm90: ATTND_SM90_NO_* features turned off (measurements)
-    int64_t l2_bytes;           // sm90: the device's L2 (sizes the tile sections)
+    const attnd_sm90_maps *maps; // sm90: tensor maps of k_cache and v_cache
+    int sm90_off;                // sm90: ATTND_SM90_NO_* features turned off (measurements)
+    int64_t l2_bytes;            // sm90: the device's L2 (sizes the tile sections)
     int max_seq_len;
     const attnd_sm90_src *src; // sm90 varlen / sparse: where K/V come from
     attnd_smem_optin *optin;   // the backend's record of raised shared-memory limits
@@ -82,10 +78,19 @@ void attnd_paged_launch_init(attnd_paged_launch *l, attnd_cuda *c, int64_t num_t
                              int max_query_len, int max_seq_len);
 
 // A 16-bit tensor as the sm90 core's TMA reads it: dims innermost first, the byte strides of the
-// outer three, boxes of 64 columns x box_rows rows, 128-byte swizzle, out-of-bounds boxes as
-// zeros. 0 when the driver has no cuTensorMapEncodeTiled or refuses the map.
+// outer three, boxes of 64 columns x box_rows rows x box_pages (dim 3), 128-byte swizzle,
+// out-of-bounds boxes as zeros. 0 when the driver has no cuTensorMapEncodeTiled or refuses the
+// map.
 int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
-                          const cuuint64_t strides[3], cuuint32_t box_rows, CUtensorMap *m);
+                          const cuuint64_t strides[3], cuuint32_t box_rows, cuuint32_t box_pages,
+                          CUtensorMap *m);
+
+// Keys per K/V tile of the sm90 core at a padded head size (its traits' BLOCK_N): the rows a run
+// map's box covers.
+static inline constexpr int attnd_sm90_block_n(int d_pad)
+{
+    return d_pad <= 128 ? 128 : 64;
+}
 
 // Paged attention on an f32 cache (paged/f32.cu), exact f32 math, 2D and 3D alike.
 cudaError_t attnd_paged_f32_run(const attnd_paged_kargs &a, cudaStream_t stream);

@@ -48,8 +48,8 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
 template <class Tr>
 static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    if (Tr::SMEM_BYTES > l.max_smem || l.tk == NULL || l.tv == NULL)
-        return cudaErrorInvalidConfiguration;
+    static_assert(attnd_sm90_block_n(Tr::D_PAD) == Tr::BLOCK_N, "the run maps' boxes: a K/V tile");
+    if (Tr::SMEM_BYTES > l.max_smem || l.maps == NULL) return cudaErrorInvalidConfiguration;
     cudaError_t e = attnd_paged_smem_attr(attnd_paged_sm90_kernel<Tr>, Tr::SMEM_BYTES, l.optin);
     if (e != cudaSuccess) return e;
     const int64_t S = a.p.seq_lens.shape[0], H = a.p.k_cache.shape[2];
@@ -71,8 +71,8 @@ static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_l
         if (l.src == NULL) return cudaErrorInvalidConfiguration;
         src = *l.src;
     }
-    attnd_paged_sm90_kernel<Tr><<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(
-        a, *l.tk, *l.tv, (int)total, l.sm90_off, src);
+    attnd_paged_sm90_kernel<Tr>
+        <<<grid, Tr::THREADS, Tr::SMEM_BYTES, l.stream>>>(a, *l.maps, (int)total, l.sm90_off, src);
     return cudaGetLastError();
 }
 

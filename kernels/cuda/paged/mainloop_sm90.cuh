@@ -1,10 +1,11 @@
 // The sm90 core of paged prefill (sm_90a): the FlashAttention-3 recipe on the block-table cache.
 //
 // One persistent CTA per SM, three warpgroups. Warpgroup 0 is the producer: its first warp reads
-// the block table and issues one TMA box per (page, 64-column slab) of each K and V tile into a
-// ring of shared-memory stages (128-byte swizzle, completion on mbarriers); V rows at or
-// past the sequence's end are written by that warp itself (valid rows of a partial last page
-// loaded, the rest zeros), so P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64
+// the block table and issues one TMA box per (page, 64-column slab) of each K and V tile (one per
+// slab where the tile's pages are one run of consecutive block ids) into a ring of shared-memory
+// stages (128-byte swizzle, completion on mbarriers); V rows at or past the sequence's end are
+// written by that warp itself (valid rows of a partial last page loaded, the rest zeros), so
+// P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64
 // packed rows each (paged/rows.cuh): they load their Q rows into shared memory (converted to the
 // compute type), then per K/V tile run S = Q K^T as wgmma from shared memory, the online softmax
 // in registers (log2 domain, as the sm80 core), and O += P V with P from registers. Each
@@ -34,6 +35,7 @@
 #define ATTND_CUDA_PAGED_MAINLOOP_SM90_CUH
 
 #include <cuda.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "paged/epilogue.cuh"
@@ -110,6 +112,9 @@ struct attnd_paged_sm90_traits {
     // the producer's page ids in registers (UNROLLED_TMA) spill at 24 registers; sparse keeps
     // the page loop and 24 / 240 (at 40 / 232 its kernels spilled 32-76 B)
     static constexpr bool UNROLLED_TMA = !SPARSE;
+    // a K/V tile whose pages are one run (consecutive block ids, or contiguous rows) as one box
+    // per slab from the run maps (sparse: the producer's 24 registers, the page loop kept)
+    static constexpr bool RUNS = !SPARSE;
     // fp8: the producer warp and the converters at 40 spilled 24-68 B (the producer's values)
     static constexpr int PRODUCER_REGS = FP8 ? 56 : UNROLLED_TMA ? 40 : 24;
     static constexpr int CONSUMER_REGS = FP8 ? 224 : UNROLLED_TMA ? 232 : 240;
@@ -270,18 +275,20 @@ __device__ __forceinline__ uint32_t attnd_slab_off(int r, int c)
 
 // ------------------------------------------------------------------ producer (one warp)
 
+static_assert(offsetof(attnd_sm90_maps, k_run) == 2 * sizeof(CUtensorMap) &&
+                  offsetof(attnd_sm90_maps, v_run) == 3 * sizeof(CUtensorMap),
+              "a map's run map two maps on");
+
 template <class Tr> struct attnd_sm90_producer {
     const attnd_paged_kargs &a;
     const attnd_sm90_src &src;
-    const CUtensorMap *tk, *tv;
+    const CUtensorMap *tk, *tv; // K and V by page (each map's run map two maps on)
     attnd_sm90_smem<Tr> sm;
     int lane;
     uint32_t nk = 0, nv = 0;     // K and V tiles issued so far (ring position and phase)
     uint32_t nr = 0;             // fp8: raw tiles issued so far
     const int32_t *bt = nullptr; // paged: the work tile's block-table row
     int nvirt = 0;               // sparse: virtual keys of the work tile (gathered blocks x size)
-    bool lane_tma = false;       // each lane issues its own page's boxes (measurements)
-    bool page_loop = false;      // the elected lane's loop over pages (measurements)
     int kpid = 0, kvalid = 0;    // this lane's page of the last K tile (load_v of that tile)
 
     // Position of virtual key vk (sparse: through the gathered list; else vk itself).
@@ -319,25 +326,35 @@ template <class Tr> struct attnd_sm90_producer {
     // TMA of the tile's pages in mask (bit p: page p, its id in lane p's pid), all slabs, into
     // stage buffer dst, completing on bar. One elected lane issues every box, the ids broadcast
     // to the warp first, so the copy's operands are warp-uniform and sit in uniform registers;
-    // each lane issuing its own page (lane_tma) makes ptxas serialise the lanes (per box an
-    // ELECT, two R2UR and a branch), which kept the producer warp busy nearly all the time.
+    // each lane issuing its own page made ptxas serialise the lanes (per box an ELECT, two R2UR
+    // and a branch), which kept the producer warp busy nearly all the time.
     // The ids of the first NP pages are all shuffled before the first box (lanes known at compile
     // time, so they stay in registers): in a loop over the mask each box waited on its own
     // SHFL -> R2UR chain. Pages past NP (contiguous pages under 16 rows) take the loop.
+    // A tile whose pages are all present and one run (ascending block ids; contiguous rows page
+    // after page) is one box per slab of the run map, tm + 2 (attnd_sm90_maps): 16 boxes of 16
+    // rows per K or V tile at head 128 and block 16 become 2. The test runs in the elected lane
+    // on the ids it holds anyway (a warp vote before it, or a runtime switch for it, made the
+    // producer spill at 40 registers).
     __device__ __forceinline__ void issue(const CUtensorMap *tm, uint32_t dst, uint32_t bar,
                                           int kvh, int pid, uint32_t mask) const
     {
         constexpr int NP = Tr::BLOCK_N / 16;
-        if (lane_tma) {
-            if ((mask >> lane) & 1) issue_page(tm, dst, bar, kvh, pid, lane);
-            return;
-        }
-        if (Tr::UNROLLED_TMA && !page_loop && (mask >> NP) == 0) {
+        if (Tr::UNROLLED_TMA && (mask >> NP) == 0) {
             int ids[NP];
 #pragma unroll
             for (int p = 0; p < NP; p++)
                 ids[p] = __shfl_sync(0xffffffffu, pid, p);
             if (attnd_elect_one()) {
+                const int np = Tr::BLOCK_N >> a.bs_log2;
+                bool run = Tr::RUNS && mask == (1u << np) - 1u; // contiguous: rows in order
+#pragma unroll
+                for (int p = 1; p < NP && Tr::MODE == ATTND_SRC_PAGED; p++)
+                    run = run && (p >= np || ids[p] == ids[0] + p);
+                if (run) {
+                    issue_page(tm + 2, dst, bar, kvh, ids[0], 0);
+                    return;
+                }
 #pragma unroll
                 for (int p = 0; p < NP; p++)
                     if ((mask >> p) & 1) issue_page(tm, dst, bar, kvh, ids[p], p);
@@ -1302,13 +1319,13 @@ attnd_sm90_consumer<Tr>::store(const attnd_sm90_tile &w, const float (&o)[Tr::OH
 #endif // ATTND_SM90A_DEVICE
 
 // The kernel: grid = persistent CTAs (at most one per SM), THREADS threads, SMEM_BYTES dynamic
-// shared memory; tk / tv: 4D tensor maps of k_cache / v_cache (launch.cu; contiguous sources:
-// (head, kv head, row, 1)); src: the contiguous source (unused when paged).
+// shared memory; maps: 4D tensor maps of k_cache and v_cache (launch.cu; contiguous sources:
+// (head, kv head, row, 1)), boxes of a page and of a whole K/V tile; src: the contiguous source
+// (unused when paged).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
     attnd_paged_sm90_kernel(const __grid_constant__ attnd_paged_kargs a,
-                            const __grid_constant__ CUtensorMap tk,
-                            const __grid_constant__ CUtensorMap tv, int total, int off,
+                            const __grid_constant__ attnd_sm90_maps maps, int total, int off,
                             const __grid_constant__ attnd_sm90_src src)
 {
 #ifdef ATTND_SM90A_DEVICE
@@ -1339,12 +1356,14 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
         attnd_regs_dealloc<Tr::PRODUCER_REGS>();
         if (warp == 0) {
             if (lane == 0) {
-                attnd_tma_prefetch(&tk);
-                attnd_tma_prefetch(&tv);
+                attnd_tma_prefetch(&maps.k);
+                attnd_tma_prefetch(&maps.v);
+                if (Tr::RUNS) {
+                    attnd_tma_prefetch(&maps.k_run);
+                    attnd_tma_prefetch(&maps.v_run);
+                }
             }
-            attnd_sm90_producer<Tr> pr{a, src, &tk, &tv, sm, lane};
-            pr.lane_tma = (off & ATTND_SM90_LANE_TMA) != 0;
-            pr.page_loop = (off & ATTND_SM90_PAGE_LOOP) != 0;
+            attnd_sm90_producer<Tr> pr{a, src, &maps.k, &maps.v, sm, lane};
             pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0, (off & ATTND_SM90_V_REREAD) != 0);
         } else if constexpr (Tr::FP8) {
             attnd_sm90_converter<Tr>{sm, lane, tid - 32}.run();

@@ -6,6 +6,7 @@
 #ifndef ATTND_CUDA_PAGED_SRC_SM90_H
 #define ATTND_CUDA_PAGED_SRC_SM90_H
 
+#include <cuda.h>
 #include <stdint.h>
 
 enum { ATTND_SRC_PAGED = 0, ATTND_SRC_CONTIG = 1, ATTND_SRC_SPARSE = 2 };
@@ -21,5 +22,12 @@ typedef struct attnd_sm90_src {
     int32_t kb_log2, qb_log2, n_row_blocks, n_cols;
     int32_t kb_max; /* key blocks a sequence may have (the gather list's capacity) */
 } attnd_sm90_src;
+
+/* The sm90 core's tensor maps of K and V (one kernel argument, so that the producer addresses
+ * all four from one base): boxes of one page, and boxes of a whole K/V tile's pages (a run of
+ * consecutive block ids, or contiguous rows, in one copy). */
+typedef struct attnd_sm90_maps {
+    CUtensorMap k, v, k_run, v_run; /* a map's run map: two maps on (the producer's tm + 2) */
+} attnd_sm90_maps;
 
 #endif
