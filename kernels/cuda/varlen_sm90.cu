@@ -101,6 +101,7 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
 {
     attnd_cuda *c = attnd_cuda_of(b);
     attnd_sm90_maps m;
+    memset(&m, 0, sizeof m);
     const int page = 1 << a.bs_log2, tile = attnd_sm90_block_n(attnd_paged_d_pad(k->shape[2]));
     const int run = tile > page ? tile : page;
     *ran = 0;
@@ -112,9 +113,11 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     l.maps = &m;
     l.src = &src;
     const int kv = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3 ? 2 : a.p.q.dtype == ATTND_DTYPE_BF16;
+    attnd_paged_kargs aq = a;
+    aq.q_tma = !sparse && attnd_sm90_q_map(c, &aq, kv, &m);
     const attnd_paged_fn f = kCore[sparse][attnd_paged_d_row(a.p.q.shape[2])][kv];
     if (f == NULL) return ATTND_ERR_OK;
-    cudaError_t e = f(a, l);
+    cudaError_t e = f(aq, l);
     if (e == cudaErrorInvalidConfiguration) {
         cudaGetLastError();
         return ATTND_ERR_OK; // over this core's limits: the mma.sync kernel

@@ -546,6 +546,15 @@ static void set_seqs(pcase *c, int n, const int *qlen, const int *ctx)
     }
 }
 
+/* A base case on three prefill sequences (query + context 300 + 0, 129 + 77, 64 + 200): whole
+ * and partial 128-row tiles, with and without context. */
+static void prefill_case(pcase *c)
+{
+    static const int q[3] = {300, 129, 64}, x[3] = {0, 77, 200};
+    base_case(c);
+    set_seqs(c, 3, q, x);
+}
+
 /* Mixed batch: decode rows, empty context, one-token sequence, an empty query, prefill chunks. */
 static const int kMixQ[8] = {1, 1, 1, 5, 17, 40, 0, 1};
 static const int kMixC[8] = {0, 1, 37, 60, 0, 100, 9, 200};
@@ -682,16 +691,25 @@ static void reduced_grid(attnd_rng *rng)
     /* block tables in runs (the sm90 producer's one box per tile): 16-bit and fp8 caches, block
      * sizes 16 / 32 / 64, heads 128 / 64 / 256, tiles wholly in a run and across its breaks */
     for (int i = 0; i < 6; i++) {
-        static const int q[3] = {300, 129, 64}, x[3] = {0, 77, 200};
         static const int bs[3] = {16, 32, 64}, d[3] = {128, 64, 256};
-        base_case(&c);
-        set_seqs(&c, 3, q, x);
+        prefill_case(&c);
         c.runs = 1;
         c.cache_dt = i % 2 ? ATTND_DTYPE_FP8_E4M3 : ATTND_DTYPE_BF16;
         c.bs = bs[i % 3];
         c.d = d[(i / 2) % 3];
         c.sinks = i == 4;
         name_case(&c, "reduced-runs");
+        run_paged_case(&c, rng);
+    }
+    /* groups for Q by TMA on the sm90 plain core (boxes of g heads x 64 / g tokens): 64 (one
+     * token a box), and 6 and 3 (not dividing 64: Q copied by cp.async) */
+    for (int i = 0; i < 3; i++) {
+        static const int hq[3] = {64, 12, 6}, hk[3] = {1, 2, 2};
+        prefill_case(&c);
+        c.hq = hq[i];
+        c.hk = hk[i];
+        c.runs = i != 1;
+        name_case(&c, "reduced-qgroup");
         run_paged_case(&c, rng);
     }
     run_cache_write_case(37, 2, 128, 16, ATTND_DTYPE_BF16, ATTND_DTYPE_FP8_E4M3, 0, rng);
@@ -830,7 +848,7 @@ static void full_grid(attnd_rng *rng)
     for (int ci = 0; ci < 4; ci++)
         for (int hi = 0; hi < 3; hi++, k++) {
             static const int hsel[3] = {1, 0, 5};
-            base_case(&c);
+            prefill_case(&c);
             c.sinks = hi == 1;
             c.hq = heads[hsel[hi]][0];
             c.hk = heads[hsel[hi]][1];
@@ -840,8 +858,6 @@ static void full_grid(attnd_rng *rng)
             c.segments = segs[k % 6];
             c.window = hi == 1 ? 200 : 0;
             c.runs = (ci + hi) % 2;
-            static const int q[3] = {300, 129, 64}, x[3] = {0, 77, 200};
-            set_seqs(&c, 3, q, x);
             name_case(&c, c.runs ? "prefill-runs" : "prefill");
             run_paged_case(&c, rng);
         }

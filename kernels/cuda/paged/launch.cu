@@ -153,20 +153,17 @@ void attnd_paged_launch_init(attnd_paged_launch *l, attnd_cuda *c, int64_t num_t
     l->optin = &c->optin;
 }
 
-int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
-                          const cuuint64_t strides[3], cuuint32_t box_rows, cuuint32_t box_pages,
-                          CUtensorMap *m)
+// A tensor map of t (16-bit: 128-byte swizzle; fp8: unswizzled) with the given box.
+static int encode_box(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
+                      const cuuint64_t strides[3], const cuuint32_t box[4], CUtensorMap *m)
 {
     typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     if (c->encode_tmap == NULL) return 0;
-    // 16-bit: 64-column slabs, 128-byte swizzle; fp8: whole rows of the padded head size in
-    // bytes, unswizzled, for the converting warps (the columns past the head read as zeros)
     const int fp8 = t->dtype == ATTND_DTYPE_FP8_E4M3;
-    const cuuint32_t box0 = fp8 ? (cuuint32_t)attnd_paged_d_pad((int64_t)dims[0]) : 64;
-    const cuuint32_t box[4] = {box0, 1, box_rows, box_pages}, unit[4] = {1, 1, 1, 1};
+    const cuuint32_t unit[4] = {1, 1, 1, 1};
     const CUtensorMapDataType dt = fp8                            ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : t->dtype == ATTND_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -175,6 +172,34 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
                fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuuint64_t dims[4],
+                          const cuuint64_t strides[3], cuuint32_t box_rows, cuuint32_t box_pages,
+                          CUtensorMap *m)
+{
+    // 16-bit: 64-column slabs, 128-byte swizzle; fp8: whole rows of the padded head size in
+    // bytes, unswizzled, for the converting warps (the columns past the head read as zeros)
+    const int fp8 = t->dtype == ATTND_DTYPE_FP8_E4M3;
+    const cuuint32_t box0 = fp8 ? (cuuint32_t)attnd_paged_d_pad((int64_t)dims[0]) : 64;
+    const cuuint32_t box[4] = {box0, 1, box_rows, box_pages};
+    return encode_box(c, t, dims, strides, box, m);
+}
+
+int attnd_sm90_q_map(const attnd_cuda *c, const attnd_paged_kargs *a, int kv, attnd_sm90_maps *maps)
+{
+    const attnd_tensor *q = &a->p.q;
+    const int g = a->group;
+    const attnd_dtype tc = kv == ATTND_KV_BF16 ? ATTND_DTYPE_BF16 : ATTND_DTYPE_F16;
+    if (kv == ATTND_KV_FP8 || q->dtype != tc || !a->q_vec || !a->plain || g < 1 || 64 % g != 0 ||
+        attnd_paged_d_pad(q->shape[2]) > 128 || q->shape[0] >= INT32_MAX)
+        return 0;
+    const cuuint64_t dims[4] = {(cuuint64_t)q->shape[2], (cuuint64_t)q->shape[1],
+                                (cuuint64_t)q->shape[0], 1};
+    const cuuint64_t strides[3] = {(cuuint64_t)q->strides[1] * 2, (cuuint64_t)q->strides[0] * 2,
+                                   (cuuint64_t)q->strides[0] * 2 * (cuuint64_t)q->shape[0]};
+    const cuuint32_t box[4] = {64, (cuuint32_t)g, (cuuint32_t)(64 / g), 1}; // 64 packed rows
+    return encode_box(c, q, dims, strides, box, &maps->q);
 }
 
 #ifdef ATTND_CUDA_SM90A
@@ -306,12 +331,14 @@ extern "C" attnd_err attnd_cuda_paged_2d(attnd_backend *b, const attnd_paged_par
     attnd_paged_launch l;
     attnd_paged_launch_init(&l, c, p->q.shape[0], p->max_query_len, p->max_seq_len);
     attnd_sm90_maps maps;
+    memset(&maps, 0, sizeof maps);
     int core = ATTND_CORE_SM80_PREFILL;
     if ((int64_t)p->max_query_len * a.group <= 16)
         core = ATTND_CORE_SM80_DECODE;
     else if (sm90_usable(c, p, &maps)) {
         core = p->sinks.data ? ATTND_CORE_SM90_PREFILL_SINKS : ATTND_CORE_SM90_PREFILL;
         l.maps = &maps;
+        a.q_tma = !p->sinks.data && attnd_sm90_q_map(c, &a, kv, &maps);
     }
     return launch_status(b, paged_run(core, p->q.shape[2], kv, a, l), "paged_attention_2d");
 }

@@ -85,6 +85,12 @@ int attnd_sm90_encode_map(const attnd_cuda *c, const attnd_tensor *t, const cuui
                           const cuuint64_t strides[3], cuuint32_t box_rows, cuuint32_t box_pages,
                           CUtensorMap *m);
 
+// Q [tokens][heads][head] for the sm90 plain core's TMA (maps->q): 1 when the kernel can take its
+// rows that way (16-bit Q of the compute type kv, 16-byte rows, a group dividing 64, head <= 128,
+// plain), else 0 and kargs.q_tma stays 0.
+int attnd_sm90_q_map(const attnd_cuda *c, const attnd_paged_kargs *a, int kv,
+                     attnd_sm90_maps *maps);
+
 // Keys per K/V tile of the sm90 core at a padded head size (its traits' BLOCK_N): the rows a run
 // map's box covers.
 static inline constexpr int attnd_sm90_block_n(int d_pad)

@@ -5,14 +5,15 @@
 // slab where the tile's pages are one run of consecutive block ids) into a ring of shared-memory
 // stages (128-byte swizzle, completion on mbarriers); V rows at or past the sequence's end are
 // written by that warp itself (valid rows of a partial last page loaded, the rest zeros), so
-// P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64
-// packed rows each (paged/rows.cuh): they load their Q rows into shared memory (converted to the
-// compute type), then per K/V tile run S = Q K^T as wgmma from shared memory, the online softmax
-// in registers (log2 domain, as the sm80 core), and O += P V with P from registers. Each
-// consumer overlaps the softmax of tile j with its own P V of tile j + 1 (issued together with
-// Q K^T of tile j), and the two consumers take turns issuing their GEMMs (named barriers), so one
-// warpgroup's softmax runs under the other's matrix work. Tiles go from the last K/V tile down,
-// so the masked diagonal comes first. The producer's registers go to the consumers (setmaxnreg).
+// P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64 packed rows each
+// (paged/rows.cuh): they load their Q rows into shared memory (converted to the compute type; the
+// plain kernel's by one TMA box per slab where kargs.q_tma), then per K/V tile run S = Q K^T as
+// wgmma from shared memory, the online softmax in registers (log2 domain, as the sm80 core), and
+// O += P V with P from registers. Each consumer overlaps the softmax of tile j with
+// its own P V of tile j + 1 (issued together with Q K^T of tile j), and the two consumers take
+// turns issuing their GEMMs (named barriers), so one warpgroup's softmax runs under the other's
+// matrix work. Tiles go from the last K/V tile down, so the masked diagonal comes first. The
+// producer's registers go to the consumers (setmaxnreg).
 //
 // Work: tiles of 128 packed rows x one kv head. The (sequence, kv head) pairs are cut into
 // sections whose K/V fit two thirds of the L2 together; within a section tiles go heaviest first
@@ -103,7 +104,10 @@ struct attnd_paged_sm90_traits {
     // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
     static constexpr int KB_MAX = SPARSE ? 2048 : 0;
     static constexpr int KINFO_INTS = BLOCK_N + 4;
-    static constexpr int KINFO_OFF = BAR_OFF + (4 * MSTAGES + 2 * RAW) * 8;
+    // Q by TMA (kargs.q_tma, the plain kernel with two Q buffers): a barrier per warpgroup and
+    // buffer
+    static constexpr bool TMA_Q = PLAIN && !SPARSE && !FP8 && QBUF == 2;
+    static constexpr int KINFO_OFF = BAR_OFF + (4 * MSTAGES + 2 * RAW + 4) * 8;
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
     static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4; // a word per consumer thread
@@ -251,6 +255,11 @@ template <class Tr> struct attnd_sm90_smem {
     __device__ __forceinline__ int4 *rdesc(int r) const
     {
         return (int4 *)(gen + Tr::RDESC_OFF) + r;
+    }
+    // TMA_Q: warpgroup wg's Q buffer b has its rows
+    __device__ __forceinline__ uint32_t full_q(int wg, int b) const
+    {
+        return full_k(4 * Tr::MSTAGES + 2 * Tr::RAW + 2 * b + wg);
     }
     // sparse: generic pointers to the key info of K stage st, the block masks, the list
     __device__ __forceinline__ int32_t *kinfo(int st) const
@@ -674,7 +683,9 @@ template <class Tr> struct attnd_sm90_consumer {
     bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
     bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
     bool q_conv = false;     // fp8: Q in bf16 or fp8, copied as it is, converted in shared memory
-    attnd_divmod gd;         // by the group: packed row -> (token, head)
+    const CUtensorMap *tq = nullptr; // TMA_Q: Q's map (rows by one TMA box per slab), else null
+    uint32_t nq = 0;                 // TMA_Q: Q copies issued so far (buffer nq % 2)
+    attnd_divmod gd;                 // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -732,6 +743,42 @@ template <class Tr> struct attnd_sm90_consumer {
                 attnd_cp_async16(attnd_paged_buf_at(dst, r, ch), (const uint16_t *)a.p.q.data + e,
                                  ok ? 16 : 0);
         }
+    }
+
+    // The same rows by TMA (tq): one thread issues a box of 64 packed rows (g heads x 64 / g
+    // tokens) per slab, completing on full_q; rows past the sequence are other sequences' (their
+    // results never stored), past the tensor zeros. The buffer's previous rows were stored
+    // through it before the warpgroup's barrier that precedes this (after a proxy fence).
+    __device__ __forceinline__ void load_q_tma(const attnd_sm90_tile &w, int buf) const
+    {
+        if (ctid != 0) return;
+        const int g = a.group;
+        const uint32_t bar = sm.full_q(wg, buf);
+        attnd_mbar_arrive_tx(bar, Tr::SLABS * 64 * 128);
+#pragma unroll
+        for (int s = 0; s < Tr::SLABS; s++)
+            attnd_tma_load4(sm.q(wg, buf) + s * 64 * 128, tq, bar, 64 * s, w.kvh * g,
+                            w.q_start + (w.row0 + wg * 64) / g, 0);
+    }
+
+    // Q rows of the next tile into buffer buf: by TMA or cp.async (committed either way).
+    __device__ __forceinline__ void load_q_next(const attnd_sm90_tile &w, int buf)
+    {
+        if (Tr::TMA_Q && tq) {
+            load_q_tma(w, buf);
+            nq++;
+        } else {
+            load_q_async(w, buf);
+        }
+    }
+
+    // This tile's rows in buffer buf (the copy issued a tile before).
+    __device__ __forceinline__ void wait_q(int buf)
+    {
+        if (Tr::TMA_Q && tq)
+            attnd_mbar_wait(sm.full_q(wg, buf), ((nq - 1) >> 1) & 1);
+        else
+            attnd_cp_async_wait<0>();
     }
 
     // fp8 (f16 compute) with bf16 or fp8 Q: the chunks this thread copied into Q buffer buf
@@ -1221,11 +1268,12 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
     chain = !Tr::PLAIN && qpf && !q_conv && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
+    if (!(Tr::PLAIN && !Tr::SPARSE && qpf)) tq = nullptr; // Q by TMA: run_prefetched's tiles
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
     bool have = next_tile(&k, total, &w);
     if (have && qpf) {
-        load_q_async(w, 0);
+        load_q_next(w, 0);
         attnd_cp_async_commit();
     }
     if (Tr::PLAIN && !Tr::SPARSE && qpf) {
@@ -1276,14 +1324,14 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
         rows_of(w, r);
         attnd_sm90_acc<Tr> acc;
         reset(acc);
-        attnd_cp_async_wait<0>(); // w's rows (copied during the previous tile)
+        wait_q(qb); // w's rows (copied during the previous tile)
         if (Tr::FP8 && q_conv) convert_q(qb);
         attnd_fence_proxy_async();
         attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
         bool have_next = false;
         auto setup_next = [&]() {
             have_next = next_tile(&k, total, &wn);
-            if (have_next) load_q_async(wn, qb ^ 1);
+            if (have_next) load_q_next(wn, qb ^ 1);
             attnd_cp_async_commit();
         };
         const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
@@ -1349,6 +1397,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
             attnd_mbar_init(sm.full_raw(r), 1);
             attnd_mbar_init(sm.empty_raw(r), Tr::CONVERTERS * 32);
         }
+        for (int i = 0; i < 4 && Tr::TMA_Q; i++)
+            attnd_mbar_init(sm.full_q(i & 1, i >> 1), 1);
         attnd_mbar_init_fence();
     }
     __syncthreads();
@@ -1362,6 +1412,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
                     attnd_tma_prefetch(&maps.k_run);
                     attnd_tma_prefetch(&maps.v_run);
                 }
+                if (Tr::TMA_Q && a.q_tma) attnd_tma_prefetch(&maps.q);
             }
             attnd_sm90_producer<Tr> pr{a, src, &maps.k, &maps.v, sm, lane};
             pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0, (off & ATTND_SM90_V_REREAD) != 0);
@@ -1377,6 +1428,7 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
         const int wg = __shfl_sync(0xffffffffu, ct >> 7, 0);
         const int wq = (ct >> 5) & 3;
         attnd_sm90_consumer<Tr> co{a, src, sm, wg, wq, lane, ct & 127};
+        if (Tr::TMA_Q && a.q_tma) co.tq = &maps.q;
         co.run(total, off);
     }
 #else

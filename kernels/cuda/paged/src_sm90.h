@@ -28,6 +28,7 @@ typedef struct attnd_sm90_src {
  * consecutive block ids, or contiguous rows, in one copy). */
 typedef struct attnd_sm90_maps {
     CUtensorMap k, v, k_run, v_run; /* a map's run map: two maps on (the producer's tm + 2) */
+    CUtensorMap q; /* where kargs.q_tma: Q [tokens][heads][head], boxes of 64 packed rows */
 } attnd_sm90_maps;
 
 #endif
