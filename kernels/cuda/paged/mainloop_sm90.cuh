@@ -9,11 +9,11 @@
 // (paged/rows.cuh): they load their Q rows into shared memory (converted to the compute type; the
 // plain kernel's by one TMA box per slab where kargs.q_tma), then per K/V tile run S = Q K^T as
 // wgmma from shared memory, the online softmax in registers (log2 domain, as the sm80 core), and
-// O += P V with P from registers. Each consumer overlaps the softmax of tile j with
-// its own P V of tile j + 1 (issued together with Q K^T of tile j), and the two consumers take
-// turns issuing their GEMMs (named barriers), so one warpgroup's softmax runs under the other's
-// matrix work. Tiles go from the last K/V tile down, so the masked diagonal comes first. The
-// producer's registers go to the consumers (setmaxnreg).
+// O += P V with P from registers. Each consumer overlaps the softmax of tile j with its own P V of
+// tile j + 1 (issued together with Q K^T of tile j), and the two consumers take turns issuing
+// their GEMMs (named barriers), so one warpgroup's softmax runs under the other's matrix work.
+// Tiles go from the last K/V tile down, so the masked diagonal comes first. The producer's
+// registers go to the consumers (setmaxnreg).
 //
 // Work: tiles of 128 packed rows x one kv head. The (sequence, kv head) pairs are cut into
 // sections whose K/V fit two thirds of the L2 together; within a section tiles go heaviest first
