@@ -65,6 +65,17 @@ fig = f"{float(sys.argv[3]) / min(us) / 1e6:7.1f} TFLOP/s (fastest)" if us else 
 print(f"kernels {sys.argv[2]:24s} {line} us  {fig}")
 PY
 }
+# kattnd: attnd's paged kernel per NCU_SHAPES (shuffled and in-order block tables) and varlen
+# 8x2048 under ktimes
+kattnd() {
+    for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
+        local b=${sh%x*} L=${sh#*x}
+        local fl=$((4 * b * 32 * 128 * L * L / 2))
+        ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
+        ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
+    done
+    ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen
+}
 D=/tmp/pf-bin
 sum=$(md5sum <"$here/bins.tar.xz")
 if [[ "$(cat $D/.sum 2>/dev/null)" != "$sum" ]]; then # unpacked once per staging
@@ -158,21 +169,13 @@ with sdpa_kernel(be):
     for _ in range(8): F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 torch.cuda.synchronize()
 PY
+        kattnd
         for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
             b=${sh%x*} L=${sh#*x}; fl=$((4 * b * 32 * 128 * L * L / 2))
-            ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
-            ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
             ktimes "cudnn sdpa $sh" $fl '(?i)fprop' 4 python3 /tmp/sdpa_ncu.py $sh cudnn
             ktimes "fa2 sdpa $sh" $fl flash_fwd 4 python3 /tmp/sdpa_ncu.py $sh flash
-        done
-        ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen ;;
-    kattnd) echo "== attnd's kernels at the card's clocks (ncu, three launches each)"
-        for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
-            b=${sh%x*} L=${sh#*x}; fl=$((4 * b * 32 * 128 * L * L / 2))
-            ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
-            ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
-        done
-        ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen ;;
+        done ;;
+    kattnd) echo "== attnd's kernels at the card's clocks (ncu, three launches each)"; kattnd ;;
     sanitize) for tool in memcheck racecheck; do for op in ${SAN_OPS:-varlen blocksparse}; do echo "== $tool gpu_ops --quick --only $op"
             timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 $D/gpu_ops --quick --only $op ${OPS_ARGS:-} >"$out/0_${tool}_$op.log" 2>&1
             echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|gpu_ops:" "$out/0_${tool}_$op.log" | head -6; done; done ;;

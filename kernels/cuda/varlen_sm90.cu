@@ -94,9 +94,10 @@ static const attnd_paged_fn kCore[2][3][3] = {
      ATTND_PAGED_ROW16(ATTND_CORE_SM90_SPARSE, 256)},
 };
 
-// Encode the maps and launch the core (sparse or not) on the backend's stream.
+// Encode the maps and launch the core (sparse or not) on the backend's stream (a: its kargs.q_tma
+// set here).
 static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor *k,
-                               const attnd_tensor *v, const attnd_paged_kargs &a,
+                               const attnd_tensor *v, attnd_paged_kargs a,
                                const attnd_sm90_src &src, int max_q, int max_k, int *ran)
 {
     attnd_cuda *c = attnd_cuda_of(b);
@@ -113,11 +114,10 @@ static attnd_err packed_launch(attnd_backend *b, int sparse, const attnd_tensor 
     l.maps = &m;
     l.src = &src;
     const int kv = a.p.q.dtype == ATTND_DTYPE_FP8_E4M3 ? 2 : a.p.q.dtype == ATTND_DTYPE_BF16;
-    attnd_paged_kargs aq = a;
-    aq.q_tma = !sparse && attnd_sm90_q_map(c, &aq, kv, &m);
+    a.q_tma = !sparse && attnd_sm90_q_map(c, &a, kv, &m);
     const attnd_paged_fn f = kCore[sparse][attnd_paged_d_row(a.p.q.shape[2])][kv];
     if (f == NULL) return ATTND_ERR_OK;
-    cudaError_t e = f(aq, l);
+    cudaError_t e = f(a, l);
     if (e == cudaErrorInvalidConfiguration) {
         cudaGetLastError();
         return ATTND_ERR_OK; // over this core's limits: the mma.sync kernel

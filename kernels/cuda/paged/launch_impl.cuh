@@ -48,7 +48,6 @@ static cudaError_t attnd_paged_run_sm80(attnd_paged_kargs a, const attnd_paged_l
 template <class Tr>
 static cudaError_t attnd_paged_run_sm90(attnd_paged_kargs a, const attnd_paged_launch &l)
 {
-    static_assert(attnd_sm90_block_n(Tr::D_PAD) == Tr::BLOCK_N, "the run maps' boxes: a K/V tile");
     if (Tr::SMEM_BYTES > l.max_smem || l.maps == NULL) return cudaErrorInvalidConfiguration;
     cudaError_t e = attnd_paged_smem_attr(attnd_paged_sm90_kernel<Tr>, Tr::SMEM_BYTES, l.optin);
     if (e != cudaSuccess) return e;

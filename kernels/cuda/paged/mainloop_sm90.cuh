@@ -76,7 +76,7 @@ struct attnd_paged_sm90_traits {
 
     static constexpr int THREADS = 384; // producer warpgroup + two consumer warpgroups
     static constexpr int BLOCK_M = 128; // packed rows per tile, 64 per consumer
-    static constexpr int BLOCK_N = D_PAD <= 128 ? 128 : 64;
+    static constexpr int BLOCK_N = attnd_sm90_block_n(D_PAD); // the run maps' boxes too
     static constexpr int BASE_STAGES = D_PAD <= 64 ? 4 : 2;
     static constexpr bool THIRD = !SPARSE && !FP8 && D_PAD == 128; // room for a third stage
     static constexpr int NSTAGES = BASE_STAGES + (THIRD && DEEP == ATTND_SM90_DEEP_V); // V stages
@@ -1268,7 +1268,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
     chain = !Tr::PLAIN && qpf && !q_conv && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
-    if (!(Tr::PLAIN && !Tr::SPARSE && qpf)) tq = nullptr; // Q by TMA: run_prefetched's tiles
+    if (!qpf) tq = nullptr; // Q by TMA (TMA_Q: the plain kernel): run_prefetched's tiles
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
     bool have = next_tile(&k, total, &w);
