@@ -65,20 +65,22 @@ fig = f"{float(sys.argv[3]) / min(us) / 1e6:7.1f} TFLOP/s (fastest)" if us else 
 print(f"kernels {sys.argv[2]:24s} {line} us  {fig}")
 PY
 }
-# kattnd: attnd's paged kernel per NCU_SHAPES (shuffled and in-order block tables) and varlen
-# 8x2048 under ktimes
+# kattnd: attnd's paged kernel per NCU_SHAPES (shuffled and in-order block tables; KOFF: its
+# switches, bench_paged --off) and varlen 8x2048 under ktimes
 kattnd() {
     for sh in ${NCU_SHAPES:-8x2048 1x8192}; do
         local b=${sh%x*} L=${sh#*x}
         local fl=$((4 * b * 32 * 128 * L * L / 2))
-        ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off 0
-        ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off 0
+        ktimes "attnd paged $sh" $fl attnd_paged_sm90 5 $D/bench_paged --only prefill-$sh --off ${KOFF:-0}
+        ktimes "attnd paged $sh in order" $fl attnd_paged_sm90 5 $D/bench_paged --in-order --only prefill-$sh --off ${KOFF:-0}
     done
     ktimes "attnd varlen 8x2048" $((4 * 8 * 32 * 128 * 2048 * 2048 / 2)) attnd_paged_sm90 3 $D/bench_ops varlen
 }
-D=/tmp/pf-bin
+# PF_BIN: the four binaries already unpacked there (builds of an A/B packed together), else the
+# staging's own, unpacked once
+D=${PF_BIN:-/tmp/pf-bin}
 sum=$(md5sum <"$here/bins.tar.xz")
-if [[ "$(cat $D/.sum 2>/dev/null)" != "$sum" ]]; then # unpacked once per staging
+if [[ -z ${PF_BIN:-} && "$(cat $D/.sum 2>/dev/null)" != "$sum" ]]; then
     rm -rf $D && mkdir -p $D && tar xJf "$here/bins.tar.xz" -C $D && cp -r "$here/devlib" $D/ &&
         echo "$sum" >$D/.sum
 fi

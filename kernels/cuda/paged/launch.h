@@ -43,14 +43,10 @@ enum {
     ATTND_SM90_NO_HI_ONLY = 1024,  // masked tiles without a window still test the range's
                                    // lower bound
     ATTND_SM90_FEW_CTAS = 2048,    // tests: a grid of 3 CTAs, so that each runs many tiles in a row
-    ATTND_SM90_NO_LATE_STORE = 4096,   // chained tiles: rows stored before the next step's GEMMs
-                                       // are issued, not under them
-    ATTND_SM90_NO_PLAIN = 8192,        // the general instantiation (chained tiles) even when the
-                                       // plain one applies
-    ATTND_SM90_V_AFTER_NEXT_K = 32768, // producer: V of tile j issued after K of tile j - 1,
-                                       // not right after K of tile j
-    ATTND_SM90_V_REREAD = 131072       // producer: V of tile j reads the block table again, not
-                                       // the page ids K of tile j read just before
+    ATTND_SM90_NO_LATE_STORE = 4096, // chained tiles: rows stored before the next step's GEMMs
+                                     // are issued, not under them
+    ATTND_SM90_NO_PLAIN = 8192       // the general instantiation (chained tiles) even when the
+                                     // plain one applies
 };
 // The switches the plain instantiation does not have (traits PLAIN): any of them set, the
 // general one runs.

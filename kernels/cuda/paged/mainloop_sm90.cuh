@@ -5,14 +5,18 @@
 // slab where the tile's pages are one run of consecutive block ids) into a ring of shared-memory
 // stages (128-byte swizzle, completion on mbarriers); V rows at or past the sequence's end are
 // written by that warp itself (valid rows of a partial last page loaded, the rest zeros), so
-// P = 0 never meets garbage. Warpgroups 1 and 2 are consumers, 64 packed rows each
-// (paged/rows.cuh): they load their Q rows into shared memory (converted to the compute type; the
-// plain kernel's by one TMA box per slab where kargs.q_tma), then per K/V tile run S = Q K^T as
-// wgmma from shared memory, the online softmax in registers (log2 domain, as the sm80 core), and
-// O += P V with P from registers. Each consumer overlaps the softmax of tile j with its own P V of
-// tile j + 1 (issued together with Q K^T of tile j), and the two consumers take turns issuing
-// their GEMMs (named barriers), so one warpgroup's softmax runs under the other's matrix work.
-// Tiles go from the last K/V tile down, so the masked diagonal comes first. The producer's
+// P = 0 never meets garbage. A paged 16-bit cache splits that work: warp 0 issues K, warp 1 V
+// (with shuffled block tables one warp issuing 32 boxes a step limited the kernel). In the plain
+// kernel warp 2 publishes each work tile (its descriptor, and its Q rows by TMA) into the Q
+// buffers, and the consumers and the producer warps take their tiles from there instead of each
+// walking the enumeration (the consumers do not copy Q either). Warpgroups 1 and 2 are consumers,
+// 64 packed rows each (paged/rows.cuh): elsewhere they look their tiles up and load their Q rows
+// into shared memory themselves (converted to the compute type); then per K/V tile they run
+// S = Q K^T as wgmma from shared memory, the online softmax in registers (log2 domain, as the sm80
+// core), and O += P V with P from registers. Each consumer overlaps the softmax of tile j with its
+// own P V of tile j + 1 (issued together with Q K^T of tile j), and the two consumers take turns
+// issuing their GEMMs (named barriers), so one warpgroup's softmax runs under the other's matrix
+// work. Tiles go from the last K/V tile down, so the masked diagonal comes first. The producer's
 // registers go to the consumers (setmaxnreg).
 //
 // Work: tiles of 128 packed rows x one kv head. The (sequence, kv head) pairs are cut into
@@ -44,6 +48,13 @@
 #include "paged/src_sm90.h"
 #include "prims/sm80.cuh"
 #include "prims/sm90.cuh"
+
+// One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
+// kvh: the kv head (sparse: the q head; kv_src is the kv head K/V come from); k_start: the
+// sequence's first key row (contiguous sources).
+struct attnd_sm90_tile {
+    int seq, kvh, kv_src, row0, rows_total, q_start, ctx, seq_len, jlo, jhi, k_start;
+};
 
 // DEEP: where shared memory has room for a third stage (head 128): 0 none, ATTND_SM90_DEEP_K a
 // third K stage (the K tile a new work tile starts with in flight earlier), ATTND_SM90_DEEP_V a
@@ -104,21 +115,31 @@ struct attnd_paged_sm90_traits {
     // per-key-block row masks and gathered list (KB_MAX key blocks a sequence may have)
     static constexpr int KB_MAX = SPARSE ? 2048 : 0;
     static constexpr int KINFO_INTS = BLOCK_N + 4;
-    // Q by TMA (kargs.q_tma, the plain kernel with two Q buffers): a barrier per warpgroup and
-    // buffer
-    static constexpr bool TMA_Q = PLAIN && !SPARSE && !FP8 && QBUF == 2;
-    static constexpr int KINFO_OFF = BAR_OFF + (4 * MSTAGES + 2 * RAW + 4) * 8;
+    static constexpr int KINFO_OFF = BAR_OFF + (4 * MSTAGES + 2 * RAW + 4) * 8; // + Q's (TMA_Q)
     static constexpr int KMASK_OFF = KINFO_OFF + (SPARSE ? KSTAGES * KINFO_INTS * 4 : 0);
     static constexpr int KLIST_OFF = KMASK_OFF + KB_MAX;
     static constexpr int ORDER_OFF = KLIST_OFF + KB_MAX * 4; // a word per consumer thread
     static constexpr int RDESC_OFF = ORDER_OFF + 256 * 4; // fp8: per raw tile (kind, count, rows)
-    static constexpr int SMEM_BYTES = RDESC_OFF + RAW * 16 + 1024; // + base alignment
+    // Q by TMA (kargs.q_tma, the plain kernel with two Q buffers): warp 2 of the producer
+    // warpgroup publishes each work tile (its descriptor and its Q rows) into the Q buffers in
+    // turn; the consumers and the producer warps read the tile from there instead of looking it
+    // up (the consumers instead of copying its rows too)
+    static constexpr bool TMA_Q = PLAIN && !SPARSE && !FP8 && QBUF == 2;
+    static constexpr int TDESC_OFF = RDESC_OFF + RAW * 16; // per Q buffer: its work tile
+    static constexpr int SMEM_BYTES =
+        TDESC_OFF + (TMA_Q ? 2 * (int)sizeof(attnd_sm90_tile) : 0) + 1024; // + alignment
     // the producer's page ids in registers (UNROLLED_TMA) spill at 24 registers; sparse keeps
     // the page loop and 24 / 240 (at 40 / 232 its kernels spilled 32-76 B)
     static constexpr bool UNROLLED_TMA = !SPARSE;
     // a K/V tile whose pages are one run (consecutive block ids, or contiguous rows) as one box
     // per slab from the run maps (sparse: the producer's 24 registers, the page loop kept)
     static constexpr bool RUNS = !SPARSE;
+    // K and V issued by warps 0 and 1 (a paged 16-bit cache; contiguous K/V are two boxes a tile,
+    // fp8's warps 1-3 convert, sparse's producer writes each K stage's key info)
+    static constexpr bool SPLIT_KV = MODE == ATTND_SRC_PAGED && !FP8;
+    // TMA_Q: the threads that read a Q buffer's tile descriptor, each arriving on its empty
+    // barrier once done with it (every consumer thread, every lane of the producer warps)
+    static constexpr int Q_READERS = 256 + 32 * (SPLIT_KV ? 2 : 1);
     // fp8: the producer warp and the converters at 40 spilled 24-68 B (the producer's values)
     static constexpr int PRODUCER_REGS = FP8 ? 56 : UNROLLED_TMA ? 40 : 24;
     static constexpr int CONSUMER_REGS = FP8 ? 224 : UNROLLED_TMA ? 232 : 240;
@@ -134,13 +155,6 @@ struct attnd_paged_sm90_traits {
     // 240 would ask for more than the pool holds (the consumers' increase could not be granted)
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536 / THREADS / 8 * 8 * THREADS,
                   "register pool of the CTA");
-};
-
-// One tile of work: 128 packed rows of a sequence (one kv head) and its K/V tiles jlo..jhi.
-// kvh: the kv head (sparse: the q head; kv_src is the kv head K/V come from); k_start: the
-// sequence's first key row (contiguous sources).
-struct attnd_sm90_tile {
-    int seq, kvh, kv_src, row0, rows_total, q_start, ctx, seq_len, jlo, jhi, k_start;
 };
 
 // Sequence seq as the source gives it: contiguous keys from cu_k (bottom-right causal, or every
@@ -256,10 +270,19 @@ template <class Tr> struct attnd_sm90_smem {
     {
         return (int4 *)(gen + Tr::RDESC_OFF) + r;
     }
-    // TMA_Q: warpgroup wg's Q buffer b has its rows
-    __device__ __forceinline__ uint32_t full_q(int wg, int b) const
+    // TMA_Q: Q buffer b's barriers (full: its rows and work tile published; empty: its readers,
+    // Tr::Q_READERS, done with them) and its work tile
+    __device__ __forceinline__ uint32_t full_q(int b) const
     {
-        return full_k(4 * Tr::MSTAGES + 2 * Tr::RAW + 2 * b + wg);
+        return full_k(4 * Tr::MSTAGES + 2 * Tr::RAW + b);
+    }
+    __device__ __forceinline__ uint32_t empty_q(int b) const
+    {
+        return full_k(4 * Tr::MSTAGES + 2 * Tr::RAW + 2 + b);
+    }
+    __device__ __forceinline__ attnd_sm90_tile *tdesc(int b) const
+    {
+        return (attnd_sm90_tile *)(gen + Tr::TDESC_OFF) + b;
     }
     // sparse: generic pointers to the key info of K stage st, the block masks, the list
     __device__ __forceinline__ int32_t *kinfo(int st) const
@@ -496,17 +519,27 @@ template <class Tr> struct attnd_sm90_producer {
                                                 int ntiles);
     __device__ __forceinline__ int gather(const attnd_sm90_tile &w);
 
-    // Per tile j, last first, K of j then V of j: V's stage frees earlier than K's (three V
-    // stages at head 128), so V no longer waits behind the next K's stage (v_late, and sparse:
-    // K of j - 1 ahead of V of j, the consumers' order). Sparse: the tiles of the gathered keys
-    // (none: one K stage whose header says so, no V).
-    __device__ __forceinline__ void run(int total, bool v_late, bool v_reread)
+    // Per tile j, last first: K of j then V of j (V takes K's page ids), or (SPLIT_KV) this
+    // warp's half, K (WHICH 1) or V (WHICH 2). Sparse: K of j - 1 ahead of V of j (the order the
+    // consumers wait for them in), over the tiles of the gathered keys (none: one K stage whose
+    // header says so, no V). PUB: the tiles the loader publishes (attnd_sm90_qloader: tile k in
+    // Q buffer k % 2, read once its rows are in), else this warp's own walk of the enumeration.
+    template <int WHICH = 0, bool PUB = false> __device__ __forceinline__ void run(int total)
     {
         for (int k = 0;; k++) {
-            const int t = attnd_sm90_tile_index(k, total);
-            if (t < 0) break;
             attnd_sm90_tile w;
-            if (!attnd_sm90_tile_at<Tr>(a, src, t, &w) || w.jhi < w.jlo) continue;
+            if constexpr (PUB) {
+                const int b = k & 1;
+                attnd_mbar_wait(sm.full_q(b), (k >> 1) & 1);
+                w = *sm.tdesc(b);
+                if (w.seq < 0) break;
+                attnd_mbar_arrive(sm.empty_q(b));
+                if (w.jhi < w.jlo) continue;
+            } else {
+                const int t = attnd_sm90_tile_index(k, total);
+                if (t < 0) break;
+                if (!attnd_sm90_tile_at<Tr>(a, src, t, &w) || w.jhi < w.jlo) continue;
+            }
             bt = (const int32_t *)a.p.block_tables.data +
                  (int64_t)w.seq * a.p.block_tables.strides[0];
             int ntiles = w.jhi - w.jlo + 1;
@@ -517,8 +550,6 @@ template <class Tr> struct attnd_sm90_producer {
                     load_k(w, 0, 0);
                     continue;
                 }
-            }
-            if (Tr::SPARSE || v_late) {
                 load_k(w, w.jhi, ntiles);
                 for (int j = w.jhi - 1; j >= w.jlo; j--) {
                     load_k(w, j, ntiles);
@@ -528,8 +559,8 @@ template <class Tr> struct attnd_sm90_producer {
             } else {
 #pragma unroll 1
                 for (int j = w.jhi; j >= w.jlo; j--) {
-                    load_k(w, j, ntiles);
-                    load_v(w, j, !v_reread);
+                    if constexpr (WHICH != 2) load_k(w, j, ntiles);
+                    if constexpr (WHICH != 1) load_v(w, j, WHICH == 0);
                 }
             }
         }
@@ -604,6 +635,56 @@ __device__ __forceinline__ void attnd_sm90_producer<Tr>::write_kinfo(const attnd
     }
     __syncwarp();
 }
+
+// Tiles and Q published by the loader (TMA_Q): the loader, the producer warps and the consumers
+// each ask (the same answer on every side, else a deadlock).
+template <class Tr>
+__device__ __forceinline__ bool attnd_sm90_tma_q(const attnd_paged_kargs &a, int off)
+{
+    return Tr::TMA_Q && a.q_tma && !(off & ATTND_SM90_NO_QPREFETCH);
+}
+
+// TMA_Q: lane 0 of the producer warpgroup's warp 2. Each work tile of this CTA, in the consumers'
+// order, into Q buffer n % 2 once its readers (the consumers, the producer warps) are done with
+// its previous tile: the descriptor, then the rows (a box of 64 packed rows, g heads x 64 / g
+// tokens, per consumer and slab; rows past the sequence are other sequences' (never stored), past
+// the tensor zeros). Then a tile of sequence -1: the end.
+template <class Tr> struct attnd_sm90_qloader {
+    const attnd_paged_kargs &a;
+    const attnd_sm90_src &src;
+    const CUtensorMap *tq;
+    attnd_sm90_smem<Tr> sm;
+
+    __device__ __forceinline__ void publish(uint32_t n, const attnd_sm90_tile &w) const
+    {
+        const int b = n & 1, g = a.group;
+        const int head = w.kvh * g, tok = w.q_start + w.row0 / g;
+        attnd_mbar_wait(sm.empty_q(b), ((n >> 1) & 1) ^ 1);
+        *sm.tdesc(b) = w;
+        attnd_mbar_arrive_tx(sm.full_q(b), 2u * Tr::SLABS * 64 * 128);
+#pragma unroll
+        for (int wg = 0; wg < 2; wg++)
+#pragma unroll
+            for (int s = 0; s < Tr::SLABS; s++)
+                attnd_tma_load4(sm.q(wg, b) + s * 64 * 128, tq, sm.full_q(b), 64 * s, head,
+                                tok + wg * (64 / g), 0);
+    }
+
+    __device__ __forceinline__ void run(int total) const
+    {
+        uint32_t n = 0;
+        for (int k = 0;; k++) {
+            const int t = attnd_sm90_tile_index(k, total);
+            if (t < 0) break;
+            attnd_sm90_tile w;
+            if (attnd_sm90_tile_at<Tr>(a, src, t, &w)) publish(n++, w);
+        }
+        const int b = n & 1;
+        attnd_mbar_wait(sm.empty_q(b), ((n >> 1) & 1) ^ 1);
+        sm.tdesc(b)->seq = -1;
+        attnd_mbar_arrive(sm.full_q(b));
+    }
+};
 
 // fp8: three warps of the producer warpgroup turn each raw tile's e4m3 rows into the f16 stage
 // its descriptor names (128-byte-swizzled slabs, as the TMA lays out a 16-bit cache), exact; rows
@@ -683,9 +764,7 @@ template <class Tr> struct attnd_sm90_consumer {
     bool chain = false;      // a work tile's first K/V tile under the previous one's last P V
     bool smem_epi = false;   // rows out through the Q buffer (16-bit out, 16-byte rows)
     bool q_conv = false;     // fp8: Q in bf16 or fp8, copied as it is, converted in shared memory
-    const CUtensorMap *tq = nullptr; // TMA_Q: Q's map (rows by one TMA box per slab), else null
-    uint32_t nq = 0;                 // TMA_Q: Q copies issued so far (buffer nq % 2)
-    attnd_divmod gd;                 // by the group: packed row -> (token, head)
+    attnd_divmod gd;         // by the group: packed row -> (token, head)
 
     // This warpgroup's 64 Q rows -> Q buffer buf (compute type, zero past the rows / head).
     __device__ __forceinline__ void load_q(const attnd_sm90_tile &w, int buf) const
@@ -743,42 +822,6 @@ template <class Tr> struct attnd_sm90_consumer {
                 attnd_cp_async16(attnd_paged_buf_at(dst, r, ch), (const uint16_t *)a.p.q.data + e,
                                  ok ? 16 : 0);
         }
-    }
-
-    // The same rows by TMA (tq): one thread issues a box of 64 packed rows (g heads x 64 / g
-    // tokens) per slab, completing on full_q; rows past the sequence are other sequences' (their
-    // results never stored), past the tensor zeros. The buffer's previous rows were stored
-    // through it before the warpgroup's barrier that precedes this (after a proxy fence).
-    __device__ __forceinline__ void load_q_tma(const attnd_sm90_tile &w, int buf) const
-    {
-        if (ctid != 0) return;
-        const int g = a.group;
-        const uint32_t bar = sm.full_q(wg, buf);
-        attnd_mbar_arrive_tx(bar, Tr::SLABS * 64 * 128);
-#pragma unroll
-        for (int s = 0; s < Tr::SLABS; s++)
-            attnd_tma_load4(sm.q(wg, buf) + s * 64 * 128, tq, bar, 64 * s, w.kvh * g,
-                            w.q_start + (w.row0 + wg * 64) / g, 0);
-    }
-
-    // Q rows of the next tile into buffer buf: by TMA or cp.async (committed either way).
-    __device__ __forceinline__ void load_q_next(const attnd_sm90_tile &w, int buf)
-    {
-        if (Tr::TMA_Q && tq) {
-            load_q_tma(w, buf);
-            nq++;
-        } else {
-            load_q_async(w, buf);
-        }
-    }
-
-    // This tile's rows in buffer buf (the copy issued a tile before).
-    __device__ __forceinline__ void wait_q(int buf)
-    {
-        if (Tr::TMA_Q && tq)
-            attnd_mbar_wait(sm.full_q(wg, buf), ((nq - 1) >> 1) & 1);
-        else
-            attnd_cp_async_wait<0>();
     }
 
     // fp8 (f16 compute) with bf16 or fp8 Q: the chunks this thread copied into Q buffer buf
@@ -1212,6 +1255,7 @@ template <class Tr> struct attnd_sm90_consumer {
     __device__ __forceinline__ void run(int total, int off);
     __device__ __forceinline__ void run_prefetched(bool have, attnd_sm90_tile w, int k, int total,
                                                    bool pingpong);
+    __device__ __forceinline__ void run_tma_q(bool pingpong);
 
     // A work tile's start: O zero, no maximum, no sum.
     static __device__ __forceinline__ void reset(attnd_sm90_acc<Tr> &acc)
@@ -1268,12 +1312,15 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     // chained step cost 3% at 8x2048, bench/RESULTS.md, fifth round)
     chain = !Tr::PLAIN && qpf && !q_conv && smem_epi && !(off & ATTND_SM90_NO_CHAIN);
 
-    if (!qpf) tq = nullptr; // Q by TMA (TMA_Q: the plain kernel): run_prefetched's tiles
+    if (attnd_sm90_tma_q<Tr>(a, off)) {
+        run_tma_q(pingpong);
+        return;
+    }
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
     bool have = next_tile(&k, total, &w);
     if (have && qpf) {
-        load_q_next(w, 0);
+        load_q_async(w, 0);
         attnd_cp_async_commit();
     }
     if (Tr::PLAIN && !Tr::SPARSE && qpf) {
@@ -1324,14 +1371,14 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
         rows_of(w, r);
         attnd_sm90_acc<Tr> acc;
         reset(acc);
-        wait_q(qb); // w's rows (copied during the previous tile)
+        attnd_cp_async_wait<0>(); // w's rows (copied during the previous tile)
         if (Tr::FP8 && q_conv) convert_q(qb);
         attnd_fence_proxy_async();
         attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
         bool have_next = false;
         auto setup_next = [&]() {
             have_next = next_tile(&k, total, &wn);
-            if (have_next) load_q_next(wn, qb ^ 1);
+            if (have_next) load_q_async(wn, qb ^ 1);
             attnd_cp_async_commit();
         };
         const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
@@ -1341,6 +1388,34 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
             setup_next();
         store(w, acc.o, acc.m, acc.l, qb, smem_epi && keys);
         have = have_next;
+    }
+}
+
+// The plain kernel's tiles as the Q loader publishes them (attnd_sm90_qloader): tile n in Q buffer
+// n % 2, descriptor and rows; the buffer handed back after the tile's rows are stored through it.
+template <class Tr>
+__device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_tma_q(bool pingpong)
+{
+    attnd_sm90_tile wn; // no chained tiles in the plain kernel: mainloop's next tile unused
+    bool have_next = false;
+    int k = 0;
+    for (uint32_t n = 0;; n++) {
+        const int b = n & 1;
+        attnd_mbar_wait(sm.full_q(b), (n >> 1) & 1);
+        attnd_sm90_tile w = *sm.tdesc(b);
+        if (w.seq < 0) return;
+        attnd_sm90_rows r;
+        rows_of(w, r);
+        attnd_sm90_acc<Tr> acc;
+        reset(acc);
+        const bool keys = w.jhi >= w.jlo; // else (inconsistent lengths) zeros, LSE -inf
+        int qb = b; // mainloop's in-out buffer (unchanged without chained tiles)
+        if (keys) mainloop(w, r, qb, wn, have_next, k, 0, pingpong, acc, [] {});
+        store(w, acc.o, acc.m, acc.l, b, smem_epi && keys);
+        // every thread after its reads of the descriptor and of the rows it staged there (generic
+        // accesses, before the next tile's TMA write)
+        attnd_fence_proxy_async();
+        attnd_mbar_arrive(sm.empty_q(b));
     }
 }
 
@@ -1397,8 +1472,10 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
             attnd_mbar_init(sm.full_raw(r), 1);
             attnd_mbar_init(sm.empty_raw(r), Tr::CONVERTERS * 32);
         }
-        for (int i = 0; i < 4 && Tr::TMA_Q; i++)
-            attnd_mbar_init(sm.full_q(i & 1, i >> 1), 1);
+        for (int b = 0; b < 2 && Tr::TMA_Q; b++) {
+            attnd_mbar_init(sm.full_q(b), 1);
+            attnd_mbar_init(sm.empty_q(b), Tr::Q_READERS);
+        }
         attnd_mbar_init_fence();
     }
     __syncthreads();
@@ -1412,12 +1489,23 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
                     attnd_tma_prefetch(&maps.k_run);
                     attnd_tma_prefetch(&maps.v_run);
                 }
-                if (Tr::TMA_Q && a.q_tma) attnd_tma_prefetch(&maps.q);
+                if (attnd_sm90_tma_q<Tr>(a, off)) attnd_tma_prefetch(&maps.q);
             }
             attnd_sm90_producer<Tr> pr{a, src, &maps.k, &maps.v, sm, lane};
-            pr.run(total, (off & ATTND_SM90_V_AFTER_NEXT_K) != 0, (off & ATTND_SM90_V_REREAD) != 0);
+            if (attnd_sm90_tma_q<Tr>(a, off)) // the loader's tiles (warp 2, below)
+                pr.template run<Tr::SPLIT_KV ? 1 : 0, Tr::TMA_Q>(total);
+            else
+                pr.template run<Tr::SPLIT_KV ? 1 : 0>(total);
+        } else if (Tr::SPLIT_KV && warp == 1) {
+            attnd_sm90_producer<Tr> pr{a, src, &maps.k, &maps.v, sm, lane};
+            if (attnd_sm90_tma_q<Tr>(a, off))
+                pr.template run<2, Tr::TMA_Q>(total);
+            else
+                pr.template run<2>(total);
         } else if constexpr (Tr::FP8) {
             attnd_sm90_converter<Tr>{sm, lane, tid - 32}.run();
+        } else if (warp == 2 && lane == 0 && attnd_sm90_tma_q<Tr>(a, off)) {
+            attnd_sm90_qloader<Tr>{a, src, &maps.q, sm}.run(total);
         }
     } else {
         attnd_regs_alloc<Tr::CONSUMER_REGS>();
@@ -1428,7 +1516,6 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
         const int wg = __shfl_sync(0xffffffffu, ct >> 7, 0);
         const int wq = (ct >> 5) & 3;
         attnd_sm90_consumer<Tr> co{a, src, sm, wg, wq, lane, ct & 127};
-        if (Tr::TMA_Q && a.q_tma) co.tq = &maps.q;
         co.run(total, off);
     }
 #else
