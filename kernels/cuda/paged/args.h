@@ -32,7 +32,8 @@ typedef struct attnd_paged_kargs {
     float *ws_o, *ws_m, *ws_l; /* 3D partials when num_segments > 1 */
     unsigned *tickets; /* 3D: one per (q-block, kv head); the CTA that stores the last segment of
                           its pair merges the partials (NULL: the reduce kernel does) */
-    int32_t q_tma;     /* sm90 plain core: Q rows by TMA (attnd_sm90_maps.q) */
+    int32_t q_tma;     /* sm90 plain core: work tiles and their Q rows (attnd_sm90_maps.q, by
+                          TMA) published by the producer warpgroup's loader */
 #ifdef ATTND_DECODE_TIMELINE
     unsigned long long *timeline; /* benches: per-CTA %globaltimer records (mainloop_sm80.cuh) */
 #endif

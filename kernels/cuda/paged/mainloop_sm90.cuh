@@ -218,6 +218,20 @@ __device__ __forceinline__ int attnd_sm90_tile_index(int k, int total)
     return t < total ? t : -1;
 }
 
+// The next tile of this CTA with work, from enumeration position *k on (left at the one after
+// it); false past the end.
+template <class Tr>
+__device__ __forceinline__ bool attnd_sm90_next_tile(const attnd_paged_kargs &a,
+                                                     const attnd_sm90_src &src, int *k, int total,
+                                                     attnd_sm90_tile *w)
+{
+    for (;;) {
+        const int t = attnd_sm90_tile_index((*k)++, total);
+        if (t < 0) return false;
+        if (attnd_sm90_tile_at<Tr>(a, src, t, w)) return true;
+    }
+}
+
 #ifdef ATTND_SM90A_DEVICE
 
 // Shared-memory addresses of a CTA's stages and barriers.
@@ -673,12 +687,9 @@ template <class Tr> struct attnd_sm90_qloader {
     __device__ __forceinline__ void run(int total) const
     {
         uint32_t n = 0;
-        for (int k = 0;; k++) {
-            const int t = attnd_sm90_tile_index(k, total);
-            if (t < 0) break;
-            attnd_sm90_tile w;
-            if (attnd_sm90_tile_at<Tr>(a, src, t, &w)) publish(n++, w);
-        }
+        attnd_sm90_tile w;
+        for (int k = 0; attnd_sm90_next_tile<Tr>(a, src, &k, total, &w);)
+            publish(n++, w);
         const int b = n & 1;
         attnd_mbar_wait(sm.empty_q(b), ((n >> 1) & 1) ^ 1);
         sm.tdesc(b)->seq = -1;
@@ -847,17 +858,6 @@ template <class Tr> struct attnd_sm90_consumer {
                 w[k] = attnd_tc<TC>::pack(attnd_tc<TC>::clamp(f.x), attnd_tc<TC>::clamp(f.y));
             }
             attnd_st_shared16(at, make_uint4(w[0], w[1], w[2], w[3]));
-        }
-    }
-
-    // The next tile of this CTA with work, from enumeration position *k on (left at the one
-    // after it); false past the end.
-    __device__ __forceinline__ bool next_tile(int *k, int total, attnd_sm90_tile *w) const
-    {
-        for (;;) {
-            const int t = attnd_sm90_tile_index((*k)++, total);
-            if (t < 0) return false;
-            if (attnd_sm90_tile_at<Tr>(a, src, t, w)) return true;
         }
     }
 
@@ -1214,7 +1214,7 @@ template <class Tr> struct attnd_sm90_consumer {
             if (pend) flush_pending(); // under this step's GEMMs
             if (next_w) {              // under the GEMMs: the new tile's rows, the tile after it
                 rows_of(w, r);
-                have_next = next_tile(&k, total, &wn);
+                have_next = attnd_sm90_next_tile<Tr>(a, src, &k, total, &wn);
             }
             attnd_wgmma_wait<1>();
             attnd_fence_regs(s);
@@ -1318,7 +1318,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
     }
     int k = 0, qb = 0;
     attnd_sm90_tile w, wn;
-    bool have = next_tile(&k, total, &w);
+    bool have = attnd_sm90_next_tile<Tr>(a, src, &k, total, &w);
     if (have && qpf) {
         load_q_async(w, 0);
         attnd_cp_async_commit();
@@ -1328,7 +1328,7 @@ template <class Tr> __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run
         return;
     }
     for (; have; w = wn, qb = qpf ? qb ^ 1 : 0) {
-        bool have_next = next_tile(&k, total, &wn);
+        bool have_next = attnd_sm90_next_tile<Tr>(a, src, &k, total, &wn);
         attnd_sm90_rows r;
         rows_of(w, r);
         attnd_sm90_acc<Tr> acc;
@@ -1377,7 +1377,7 @@ __device__ __forceinline__ void attnd_sm90_consumer<Tr>::run_prefetched(bool hav
         attnd_bar_sync(3 + wg, 128); // ... and every warp's stores from buffer qb ^ 1 done
         bool have_next = false;
         auto setup_next = [&]() {
-            have_next = next_tile(&k, total, &wn);
+            have_next = attnd_sm90_next_tile<Tr>(a, src, &k, total, &wn);
             if (have_next) load_q_async(wn, qb ^ 1);
             attnd_cp_async_commit();
         };
